@@ -1,0 +1,23 @@
+"""Dramatiq actors: validate the payload, call mailroom, return.
+
+``import actors`` (what ``dramatiq actors`` does) builds the broker from
+Settings unless one was set already (the tests' StubBroker), then loads every
+actor module so a worker or a REPL sees them all.
+"""
+
+from __future__ import annotations
+
+import dramatiq
+import dramatiq.broker
+
+from actors.broker import build_broker
+from mailroom.settings import Settings
+
+if dramatiq.broker.global_broker is None:
+    _settings = Settings()
+    from mailroom.observability import setup_process  # before the broker: Sentry hooks Dramatiq
+
+    setup_process(_settings, process="worker")
+    dramatiq.set_broker(build_broker(_settings))
+
+from actors import system  # noqa: F401  (registers actors)

@@ -1,0 +1,73 @@
+"""Builds the broker and its middleware from Settings (the only ``set_broker`` call is in
+``actors/__init__.py``)."""
+
+from __future__ import annotations
+
+import dramatiq
+from dramatiq.brokers.stub import StubBroker
+from dramatiq.middleware import (
+    AgeLimit,
+    AsyncIO,
+    Callbacks,
+    CurrentMessage,
+    Pipelines,
+    ShutdownNotifications,
+    TimeLimit,
+)
+
+from actors.maintenance import RedisMaintenance
+from actors.resources import ResourcesMiddleware
+from actors.retry_policy import RetryPolicies, RetryPolicy
+from mailroom.settings import Settings
+
+
+def build_middleware(settings: Settings) -> list[dramatiq.Middleware]:
+    broker_settings = settings.broker
+    middleware: list[dramatiq.Middleware] = [
+        AgeLimit(),
+        TimeLimit(),
+        ShutdownNotifications(),
+        Callbacks(),
+        Pipelines(),
+        RetryPolicies(
+            default=RetryPolicy(
+                base_ms=broker_settings.retry_min_backoff_ms,
+                cap_ms=broker_settings.retry_max_backoff_ms,
+            )
+        ),
+        CurrentMessage(),
+        AsyncIO(),
+        ResourcesMiddleware(settings),
+    ]
+    if broker_settings.kind == "redis":
+        middleware.append(RedisMaintenance(interval_s=broker_settings.maintenance_interval_s))
+    if broker_settings.prometheus:
+        from dramatiq.middleware.prometheus import Prometheus
+
+        middleware.append(
+            Prometheus(
+                http_host=broker_settings.prometheus_host,
+                http_port=broker_settings.prometheus_port,
+            )
+        )
+    return middleware
+
+
+def build_broker(settings: Settings) -> dramatiq.Broker:
+    """A broker for ``settings.broker.kind`` with Mailroom's middleware."""
+    middleware = build_middleware(settings)
+    kind = settings.broker.kind
+    if kind == "stub":
+        return StubBroker(middleware=middleware)
+    if kind == "rabbitmq":
+        from dramatiq.brokers.rabbitmq import RabbitmqBroker
+
+        return RabbitmqBroker(url=settings.broker.rabbitmq_url, middleware=middleware)
+    from dramatiq.brokers.redis import RedisBroker
+
+    return RedisBroker(
+        url=settings.broker_redis_url,
+        namespace=settings.broker.namespace,
+        heartbeat_timeout=settings.broker.heartbeat_timeout_ms,
+        middleware=middleware,
+    )

@@ -1,0 +1,131 @@
+"""Shared clients of one worker process, created lazily on its event loop.
+
+One event loop per worker process (Dramatiq's ``AsyncIO`` middleware): clients
+are created on first use under a lock and closed by ``ResourcesMiddleware``
+before the loop stops. Actors reach them with ``current()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import redis.asyncio as aioredis
+from dramatiq import Broker, Middleware
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+
+from mailroom.db import create_engine, create_sessionmaker
+from mailroom.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class Resources:
+    """Lazily built clients for one event loop; ``aclose()`` closes what was built."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._lock: asyncio.Lock | None = None
+        self._built: dict[str, Any] = {}
+        self._closers: list[Callable[[], Awaitable[None]]] = []
+
+    async def _get(
+        self, name: str, build: Callable[[], Awaitable[T]], close: Callable[[T], Awaitable[None]]
+    ) -> T:
+        if name in self._built:
+            return self._built[name]  # type: ignore[no-any-return]
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            if name not in self._built:
+                value = await build()
+                self._built[name] = value
+                self._closers.append(lambda: close(value))
+        return self._built[name]  # type: ignore[no-any-return]
+
+    async def engine(self) -> AsyncEngine:
+        async def build() -> AsyncEngine:
+            return create_engine(self.settings.database)
+
+        async def close(engine: AsyncEngine) -> None:
+            await engine.dispose()
+
+        return await self._get("engine", build, close)
+
+    async def sessions(self) -> async_sessionmaker[AsyncSession]:
+        engine = await self.engine()
+
+        async def build() -> async_sessionmaker[AsyncSession]:
+            return create_sessionmaker(engine)
+
+        async def close(_: object) -> None:
+            return None
+
+        return await self._get("sessions", build, close)
+
+    async def redis(self) -> aioredis.Redis:
+        async def build() -> aioredis.Redis:
+            return aioredis.Redis.from_url(self.settings.redis.url)
+
+        async def close(client: aioredis.Redis) -> None:
+            await client.aclose()
+
+        return await self._get("redis", build, close)
+
+    async def aclose(self) -> None:
+        """Close every built client, newest first; one failure never skips the rest."""
+        closers, self._closers = self._closers[::-1], []
+        self._built.clear()
+        for close in closers:
+            try:
+                await close()
+            except Exception:
+                logger.warning("Closing a worker resource failed", exc_info=True)
+
+
+_settings: Settings | None = None
+_current: Resources | None = None
+
+
+def configure(settings: Settings) -> None:
+    """Settings for the resources of the next worker boot (and of ``current()`` outside one)."""
+    global _settings
+    _settings = settings
+
+
+def current() -> Resources:
+    """This process' resources; outside a worker (REPL, tests) built on first call."""
+    global _current
+    if _current is None:
+        _current = Resources(_settings or Settings())
+    return _current
+
+
+class ResourcesMiddleware(Middleware):
+    """Fresh resources at worker boot, closed on the worker's loop at shutdown."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    def before_worker_boot(self, broker: Broker, worker: Any) -> None:
+        global _current
+        _current = Resources(_settings or self.settings)
+
+    def before_worker_shutdown(self, broker: Broker, worker: Any) -> None:
+        global _current
+        resources, _current = _current, None
+        if resources is None:
+            return
+        from dramatiq.asyncio import get_event_loop_thread
+
+        loop_thread = get_event_loop_thread()
+        if loop_thread is None:
+            return
+        try:
+            loop_thread.run_coroutine(resources.aclose())
+        except Exception:
+            logger.warning("Closing worker resources failed", exc_info=True)

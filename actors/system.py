@@ -1,0 +1,23 @@
+"""Actors of the system itself: no-op (benchmarks, health) and broker maintenance."""
+
+from __future__ import annotations
+
+import dramatiq
+
+from actors.maintenance import run_redis_maintenance
+from actors.retry_policy import RetryPolicy
+
+
+@dramatiq.actor(queue_name="system", retry_policy=RetryPolicy(max_attempts=1))
+def noop() -> None:
+    """Do nothing: the raw throughput baseline for benchmarks."""
+
+
+@dramatiq.actor(queue_name="system", retry_policy=RetryPolicy(max_attempts=1))
+def maintain_broker() -> None:
+    """Requeue dead workers' messages now (the scheduler sends this regularly)."""
+    from dramatiq.brokers.redis import RedisBroker
+
+    broker = dramatiq.get_broker()
+    if isinstance(broker, RedisBroker):
+        run_redis_maintenance(broker)

@@ -1,0 +1,310 @@
+"""SQLAlchemy 2 models of every table (DESIGN.md §3).
+
+All timestamps are ``timestamptz`` in UTC; status columns are check-constrained
+text so a status added later is one migration, not an enum type dance.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+    func,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB, UUID
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+CURSOR_STATUSES = ("idle", "processing", "failed", "blocked")
+MAIL_STATUSES = ("received", "stored", "failed", "final")
+BUCKET_ROLES = ("mail", "incoming", "results")
+FILE_STATUSES = ("UPLOADED", "PROCESSING", "RECOGNIZED", "NEEDS_CHECK", "ERROR", "SKIPPED")
+FINAL_FILE_STATUSES = ("RECOGNIZED", "NEEDS_CHECK", "ERROR", "SKIPPED")
+PIPELINES = ("tabular", "image")
+JOB_STATUSES = (
+    "queued",
+    "published",
+    "processing",
+    "done",
+    "needs_check",
+    "error",
+    "timeout",
+    "dlq",
+)
+FINAL_JOB_STATUSES = ("done", "needs_check", "error", "timeout", "dlq")
+DOCUMENT_STATUSES = ("ok", "needs_check")
+MESSAGE_STATUSES = ("pending", "sending", "delivered", "partial_failed", "failed", "uncertain")
+FINAL_MESSAGE_STATUSES = ("delivered", "partial_failed", "failed", "uncertain")
+
+
+def _in(column: str, values: tuple[str, ...]) -> str:
+    quoted = ", ".join(f"'{v}'" for v in values)
+    return f"{column} IN ({quoted})"
+
+
+def _now() -> Any:
+    return mapped_column(DateTime(timezone=True), server_default=func.now(), nullable=False)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class MailboxCursor(Base):
+    """Where intake stands in one (mailbox, folder), and who holds its lease."""
+
+    __tablename__ = "mailbox_cursor"
+    __table_args__ = (
+        UniqueConstraint("mailbox", "folder"),
+        CheckConstraint(_in("status", CURSOR_STATUSES), name="status"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    mailbox: Mapped[str] = mapped_column(String(200))
+    folder: Mapped[str] = mapped_column(String(500))
+    uidvalidity: Mapped[int | None] = mapped_column(BigInteger)
+    last_uid: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    status: Mapped[str] = mapped_column(String(20), server_default="idle")
+    lease_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
+    lease_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    retry_count: Mapped[int] = mapped_column(Integer, server_default="0")
+    next_retry_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    blocked_uid: Mapped[int | None] = mapped_column(BigInteger)
+    blocked_message_id: Mapped[str | None] = mapped_column(Text)
+    last_error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = _now()
+    updated_at: Mapped[datetime] = _now()
+
+
+class InboundMail(Base):
+    """One mail read from a folder, keyed by (cursor, uidvalidity, uid)."""
+
+    __tablename__ = "inbound_mail"
+    __table_args__ = (
+        UniqueConstraint("cursor_id", "uidvalidity", "uid", name="cursor_uid"),
+        CheckConstraint(_in("status", MAIL_STATUSES), name="status"),
+        Index("ix_inbound_mail_message_id_sha256", "message_id", "content_sha256"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    cursor_id: Mapped[int] = mapped_column(ForeignKey("mailbox_cursor.id"))
+    uidvalidity: Mapped[int] = mapped_column(BigInteger)
+    uid: Mapped[int] = mapped_column(BigInteger)
+    message_id: Mapped[str | None] = mapped_column(Text)
+    content_sha256: Mapped[str | None] = mapped_column(String(64))
+    sender: Mapped[str | None] = mapped_column(Text)
+    return_path: Mapped[str | None] = mapped_column(Text)
+    authentication_results: Mapped[str | None] = mapped_column(Text)
+    subject: Mapped[str | None] = mapped_column(Text)
+    internal_date: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    raw_object_id: Mapped[int | None] = mapped_column(ForeignKey("stored_object.id"))
+    status: Mapped[str] = mapped_column(String(20), server_default="received")
+    retry_count: Mapped[int] = mapped_column(Integer, server_default="0")
+    last_error: Mapped[str | None] = mapped_column(Text)
+    last_attempt_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    next_retry_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finalized_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = _now()
+
+
+class StoredObject(Base):
+    """An object in the object store, registered once per (bucket, key)."""
+
+    __tablename__ = "stored_object"
+    __table_args__ = (
+        UniqueConstraint("bucket", "key", name="bucket_key"),
+        CheckConstraint(_in("bucket_role", BUCKET_ROLES), name="bucket_role"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    bucket_role: Mapped[str] = mapped_column(String(20))
+    bucket: Mapped[str] = mapped_column(String(255))
+    key: Mapped[str] = mapped_column(String(1024))
+    size: Mapped[int | None] = mapped_column(BigInteger)
+    sha256: Mapped[str | None] = mapped_column(String(64))
+    media_type: Mapped[str | None] = mapped_column(String(255))
+    created_by: Mapped[str] = mapped_column(String(100))
+    created_at: Mapped[datetime] = _now()
+
+
+class StoredFile(Base):
+    """An attachment (or uploaded file) and where its recognition stands."""
+
+    __tablename__ = "stored_file"
+    __table_args__ = (CheckConstraint(_in("status", FILE_STATUSES), name="status"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    mail_id: Mapped[int | None] = mapped_column(ForeignKey("inbound_mail.id"), index=True)
+    object_id: Mapped[int | None] = mapped_column(ForeignKey("stored_object.id"))
+    original_name: Mapped[str] = mapped_column(String(255))
+    file_type: Mapped[str] = mapped_column(String(20))
+    media_type: Mapped[str | None] = mapped_column(String(255))
+    size: Mapped[int | None] = mapped_column(BigInteger)
+    status: Mapped[str] = mapped_column(String(20), server_default="UPLOADED")
+    status_reason: Mapped[str | None] = mapped_column(Text)
+    #: Not a foreign key: job and file point at each other.
+    current_recognition_job_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
+    created_at: Mapped[datetime] = _now()
+    updated_at: Mapped[datetime] = _now()
+
+
+class RecognitionJob(Base):
+    """One attempt at recognizing one file; replays add rows, never rewrite them."""
+
+    __tablename__ = "recognition_job"
+    __table_args__ = (
+        UniqueConstraint("file_id", "attempt", name="file_attempt"),
+        CheckConstraint(_in("status", JOB_STATUSES), name="status"),
+        CheckConstraint(_in("pipeline", PIPELINES), name="pipeline"),
+        # The outbox publisher's candidates: queued, or published and waiting for an ack.
+        Index(
+            "ix_recognition_job_outbox",
+            "status",
+            "published_at",
+            postgresql_where=text("status IN ('queued', 'published')"),
+        ),
+        # The watchdog's candidates.
+        Index(
+            "ix_recognition_job_deadline",
+            "reply_deadline",
+            postgresql_where=text("status IN ('published', 'processing')"),
+        ),
+        # The sweep for results left unmapped.
+        Index(
+            "ix_recognition_job_unmapped",
+            "finished_at",
+            postgresql_where=text("status IN ('done', 'needs_check') AND mapped_at IS NULL"),
+        ),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True, default=uuid.uuid4)
+    file_id: Mapped[int] = mapped_column(ForeignKey("stored_file.id"), index=True)
+    pipeline: Mapped[str] = mapped_column(String(20))
+    status: Mapped[str] = mapped_column(String(20), server_default="queued")
+    attempt: Mapped[int] = mapped_column(Integer, server_default="1")
+    request_msg_id: Mapped[str | None] = mapped_column(String(200))
+    request_subject: Mapped[str | None] = mapped_column(String(255))
+    result_msg_id: Mapped[str | None] = mapped_column(String(200))
+    reply_deadline: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    requested_at: Mapped[datetime] = _now()
+    published_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    service_name: Mapped[str | None] = mapped_column(String(200))
+    service_version: Mapped[str | None] = mapped_column(String(100))
+    error_code: Mapped[str | None] = mapped_column(String(100))
+    error_message: Mapped[str | None] = mapped_column(Text)
+    metrics: Mapped[dict[str, Any]] = mapped_column(JSONB, server_default=text("'{}'::jsonb"))
+    fields_total: Mapped[int | None] = mapped_column(Integer)
+    fields_low_confidence: Mapped[int | None] = mapped_column(Integer)
+    fields_unrecognized: Mapped[int | None] = mapped_column(Integer)
+    result_schema_version: Mapped[str | None] = mapped_column(String(20))
+    result_object_id: Mapped[int | None] = mapped_column(ForeignKey("stored_object.id"))
+    mapped_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class Document(Base):
+    """The record a recognized file became."""
+
+    __tablename__ = "document"
+    __table_args__ = (
+        UniqueConstraint("job_id", name="job"),
+        CheckConstraint(_in("status", DOCUMENT_STATUSES), name="status"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    file_id: Mapped[int] = mapped_column(ForeignKey("stored_file.id"), index=True)
+    job_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("recognition_job.id"))
+    document_type: Mapped[str] = mapped_column(String(100))
+    fields: Mapped[dict[str, Any]] = mapped_column(JSONB, server_default=text("'{}'::jsonb"))
+    field_confidence: Mapped[dict[str, Any]] = mapped_column(
+        JSONB, server_default=text("'{}'::jsonb")
+    )
+    missing_fields: Mapped[list[str]] = mapped_column(JSONB, server_default=text("'[]'::jsonb"))
+    low_confidence_fields: Mapped[list[str]] = mapped_column(
+        JSONB, server_default=text("'[]'::jsonb")
+    )
+    status: Mapped[str] = mapped_column(String(20))
+    created_at: Mapped[datetime] = _now()
+
+
+class ChannelMessage(Base):
+    """One outbound notification and its delivery state."""
+
+    __tablename__ = "channel_message"
+    __table_args__ = (
+        UniqueConstraint("dedupe_key", name="dedupe_key"),
+        CheckConstraint(_in("status", MESSAGE_STATUSES), name="status"),
+        # Pending-delivery re-add sweep and stale recovery.
+        Index(
+            "ix_channel_message_open",
+            "status",
+            "enqueued_at",
+            postgresql_where=text("status IN ('pending', 'sending')"),
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    channel: Mapped[str] = mapped_column(String(50))
+    account: Mapped[str] = mapped_column(String(100), server_default="default")
+    recipient: Mapped[str] = mapped_column(Text)
+    subject: Mapped[str | None] = mapped_column(Text)
+    body: Mapped[str] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(String(20), server_default="pending")
+    attempts: Mapped[int] = mapped_column(Integer, server_default="0")
+    next_retry_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    last_error: Mapped[str | None] = mapped_column(Text)
+    chunks: Mapped[dict[str, Any]] = mapped_column(JSONB, server_default=text("'{}'::jsonb"))
+    enqueued_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    sending_since: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    delivered_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    dedupe_key: Mapped[str | None] = mapped_column(String(255))
+    mail_id: Mapped[int | None] = mapped_column(ForeignKey("inbound_mail.id"), index=True)
+    document_id: Mapped[int | None] = mapped_column(ForeignKey("document.id"))
+    created_at: Mapped[datetime] = _now()
+
+
+class AuditEvent(Base):
+    """Who did what to which record, for operators."""
+
+    __tablename__ = "audit_event"
+    __table_args__ = (Index("ix_audit_event_action_created_at", "action", "created_at"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    actor_type: Mapped[str] = mapped_column(String(50))
+    actor_id: Mapped[str] = mapped_column(String(200))
+    action: Mapped[str] = mapped_column(String(100))
+    target: Mapped[str] = mapped_column(Text)
+    detail: Mapped[dict[str, Any]] = mapped_column(JSONB, server_default=text("'{}'::jsonb"))
+    created_at: Mapped[datetime] = _now()
+
+
+class SchedulerLeader(Base):
+    """Who leads the scheduler now (informational; the advisory lock decides)."""
+
+    __tablename__ = "scheduler_leader"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    holder: Mapped[str] = mapped_column(String(200))
+    since: Mapped[datetime] = _now()
+    heartbeat_at: Mapped[datetime] = _now()

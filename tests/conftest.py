@@ -1,0 +1,48 @@
+"""Test harness: the StubBroker is set before any actors module is imported.
+
+Fixture modules under ``tests/fixtures/`` are loaded as plugins, so each part of
+the system can bring its own servers without editing this file.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import dramatiq
+import pytest
+from dramatiq import Worker
+from dramatiq.brokers.stub import StubBroker
+
+# Stray MAILROOM_* variables from a developer's shell must not leak into tests.
+for _name in [n for n in os.environ if n.startswith("MAILROOM_")]:
+    del os.environ[_name]
+
+from actors.broker import build_broker  # noqa: E402
+from mailroom.settings import BrokerSettings, Settings  # noqa: E402
+
+pytest_plugins = sorted(
+    f"tests.fixtures.{path.stem}"
+    for path in (Path(__file__).parent / "fixtures").glob("*.py")
+    if not path.stem.startswith("_")
+)
+
+#: The one StubBroker of the test session.
+broker = build_broker(Settings(broker=BrokerSettings(kind="stub", retry_min_backoff_ms=10)))
+dramatiq.set_broker(broker)
+
+
+@pytest.fixture
+def stub_broker() -> StubBroker:
+    assert isinstance(broker, StubBroker)
+    broker.flush_all()
+    return broker
+
+
+@pytest.fixture
+def stub_worker(stub_broker: StubBroker) -> Iterator[Worker]:
+    worker = Worker(stub_broker, worker_timeout=100)
+    worker.start()
+    yield worker
+    worker.stop()
