@@ -92,13 +92,16 @@ _current: Resources | None = None
 
 
 def configure(settings: Settings) -> None:
-    """Settings for the resources of the next worker boot (and of ``current()`` outside one)."""
-    global _settings
-    _settings = settings
+    """Use ``settings`` for resources built from now on (tests, REPL).
+
+    Resources already built are dropped, not closed: call this before a worker starts.
+    """
+    global _settings, _current
+    _settings, _current = settings, None
 
 
 def current() -> Resources:
-    """This process' resources; outside a worker (REPL, tests) built on first call."""
+    """This process' resources, built on first use with the configured settings."""
     global _current
     if _current is None:
         _current = Resources(_settings or Settings())
@@ -106,14 +109,15 @@ def current() -> Resources:
 
 
 class ResourcesMiddleware(Middleware):
-    """Fresh resources at worker boot, closed on the worker's loop at shutdown."""
+    """Fresh resources per worker (its own event loop), closed on that loop at shutdown."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
 
     def before_worker_boot(self, broker: Broker, worker: Any) -> None:
-        global _current
-        _current = Resources(_settings or self.settings)
+        global _settings, _current
+        _settings = _settings or self.settings
+        _current = None
 
     def before_worker_shutdown(self, broker: Broker, worker: Any) -> None:
         global _current

@@ -1,4 +1,4 @@
-"""Test harness: the StubBroker is set before any actors module is imported.
+"""Test harness: the StubBroker is set up before any actors module is imported.
 
 Fixture modules under ``tests/fixtures/`` are loaded as plugins, so each part of
 the system can bring its own servers without editing this file.
@@ -19,8 +19,9 @@ from dramatiq.brokers.stub import StubBroker
 for _name in [n for n in os.environ if n.startswith("MAILROOM_")]:
     del os.environ[_name]
 
-from actors.broker import build_broker  # noqa: E402
-from mailroom.settings import BrokerSettings, Settings  # noqa: E402
+# ``import actors`` builds the broker from settings: make it the StubBroker.
+os.environ["MAILROOM_BROKER__KIND"] = "stub"
+import actors  # noqa: E402,F401
 
 pytest_plugins = sorted(
     f"tests.fixtures.{path.stem}"
@@ -28,9 +29,8 @@ pytest_plugins = sorted(
     if not path.stem.startswith("_")
 )
 
-#: The one StubBroker of the test session.
-broker = build_broker(Settings(broker=BrokerSettings(kind="stub", retry_min_backoff_ms=10)))
-dramatiq.set_broker(broker)
+#: The one StubBroker of the test session, with every actor declared on it.
+broker = dramatiq.get_broker()
 
 
 @pytest.fixture

@@ -5,7 +5,8 @@ from __future__ import annotations
 from mailroom.settings import Settings
 
 
-def test_defaults_point_at_the_embedded_dev_stack():
+def test_defaults_point_at_the_embedded_dev_stack(monkeypatch):
+    monkeypatch.delenv("MAILROOM_BROKER__KIND", raising=False)  # set to "stub" by conftest
     settings = Settings()
     assert settings.database.url.startswith("postgresql+psycopg://postgres@127.0.0.1:")
     assert settings.redis.url.startswith("redis://127.0.0.1:")

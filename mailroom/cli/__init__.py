@@ -1,0 +1,113 @@
+"""The ``mailroom`` command: starts processes and runs operator commands.
+
+The CLI is the one outer module that may reach every layer (actors, bridges,
+scheduling); each operator area lives in its own module and is added here.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import typer
+
+from mailroom.cli import delivery, intake, recognition
+from mailroom.settings import Settings
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
+bridge_app = typer.Typer(no_args_is_help=True, help="Long-running consumers that feed actors.")
+app.add_typer(bridge_app, name="bridge")
+app.add_typer(intake.app, name="intake")
+app.add_typer(recognition.app, name="recognition")
+app.add_typer(delivery.app, name="delivery")
+
+
+def load_settings(process: str) -> Settings:
+    """Settings for this process, with logging (and Sentry) configured before any broker."""
+    from mailroom.observability import setup_process
+
+    settings = Settings()
+    setup_process(settings, process=process)
+    return settings
+
+
+@app.command()
+def migrate() -> None:
+    """Upgrade the database to the newest schema (alembic upgrade head)."""
+    from mailroom.migrate import upgrade
+
+    settings = load_settings("migrate")
+    upgrade(settings.database.url)
+    typer.echo("database is at head")
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def worker(
+    ctx: typer.Context,
+    queues: list[str] = typer.Option(
+        None, "--queues", "-Q", help="Queues to consume (default: all)."
+    ),
+    processes: int = typer.Option(2, "--processes", "-p"),
+    threads: int = typer.Option(8, "--threads", "-t"),
+) -> None:
+    """Run Dramatiq workers for the actors (same as ``dramatiq actors``)."""
+    args = [sys.executable, "-m", "dramatiq", "actors", "-p", str(processes), "-t", str(threads)]
+    if queues:
+        args += ["--queues", *queues]
+    args += list(ctx.args)
+    os.execv(sys.executable, args)
+
+
+@bridge_app.command("nats")
+def bridge_nats() -> None:
+    """Feed recognition acks and results from NATS to the inbox actor."""
+    settings = load_settings("bridge-nats")
+    from bridges.nats import run
+
+    raise typer.Exit(run(settings))
+
+
+@bridge_app.command("stream")
+def bridge_stream() -> None:
+    """Feed delivery entries from the Redis Stream to the delivery actor."""
+    settings = load_settings("bridge-stream")
+    from bridges.stream import run
+
+    raise typer.Exit(run(settings))
+
+
+@app.command()
+def scheduler() -> None:
+    """Run the periodic jobs; one leader at a time through a Postgres advisory lock."""
+    settings = load_settings("scheduler")
+    from scheduling.runner import run
+
+    raise typer.Exit(run(settings))
+
+
+@app.command()
+def recognizer() -> None:
+    """Run the reference recognition service (dev, demo, tests)."""
+    settings = load_settings("recognizer")
+    from mailroom.recognition.reference import run
+
+    raise typer.Exit(run(settings))
+
+
+@app.command()
+def dev(
+    state_dir: str = typer.Option(None, help="Where the embedded servers keep their data."),
+) -> None:
+    """Run the whole system on embedded services; Ctrl+C stops everything."""
+    from mailroom.dev import run_dev
+
+    raise typer.Exit(run_dev(state_dir=state_dir))
+
+
+@app.command()
+def status() -> None:
+    """Counts per status across the pipelines."""
+    settings = load_settings("cli")
+    from mailroom.status import print_status
+
+    print_status(settings)

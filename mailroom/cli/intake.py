@@ -1,0 +1,7 @@
+"""`mailroom intake …`: operator commands for the intake pipeline."""
+
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(no_args_is_help=True, help="Operate the intake pipeline.")

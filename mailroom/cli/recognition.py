@@ -1,0 +1,7 @@
+"""`mailroom recognition …`: operator commands for the recognition pipeline."""
+
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(no_args_is_help=True, help="Operate the recognition pipeline.")
