@@ -1,8 +1,8 @@
 """Dramatiq actors: validate the payload, call mailroom, return.
 
 ``import actors`` (what ``dramatiq actors`` does) builds the broker from
-Settings unless one was set already (the tests' StubBroker), then loads every
-actor module so a worker or a REPL sees them all.
+Settings unless one was set already, then loads every actor module so a worker
+or a REPL sees them all.
 """
 
 from __future__ import annotations
@@ -20,4 +20,5 @@ if dramatiq.broker.global_broker is None:
     setup_process(_settings, process="worker")
     dramatiq.set_broker(build_broker(_settings))
 
-from actors import system  # noqa: F401  (registers actors)
+# Actor modules register on the broker set above.
+from actors import delivery, intake, recognition, system  # noqa: F401

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import dramatiq
 
+from actors import queues
 from actors.maintenance import run_redis_maintenance
 from actors.retry_policy import RetryPolicy
 
 
-@dramatiq.actor(queue_name="system", retry_policy=RetryPolicy(max_attempts=1))
+@dramatiq.actor(queue_name=queues.SYSTEM, retry_policy=RetryPolicy(max_attempts=1))
 def noop() -> None:
     """Do nothing: the raw throughput baseline for benchmarks."""
 
 
-@dramatiq.actor(queue_name="system", retry_policy=RetryPolicy(max_attempts=1))
+@dramatiq.actor(queue_name=queues.SYSTEM, retry_policy=RetryPolicy(max_attempts=1))
 def maintain_broker() -> None:
     """Requeue dead workers' messages now (the scheduler sends this regularly)."""
     from dramatiq.brokers.redis import RedisBroker
