@@ -1,0 +1,221 @@
+"""Object storage: a filesystem store (default, dev) and S3 through boto3.
+
+Keys are content-addressed (``content_key``), so a put of the same bytes is
+idempotent and a re-ingested mail never duplicates its objects. boto3 is
+blocking, so every S3 call runs in a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any, Literal, Protocol
+
+from mailroom.errors import PermanentError, RetryableError
+from mailroom.settings import Settings, StorageSettings
+
+BucketRole = Literal["mail", "incoming", "results"]
+
+
+class ObjectNotFound(PermanentError):
+    """The object does not exist in the store."""
+
+
+class StorageUnavailable(RetryableError):
+    """The object store could not be reached."""
+
+
+class InvalidKey(PermanentError):
+    """The object key is not a safe relative path."""
+
+
+@dataclass(frozen=True)
+class StoredRef:
+    bucket: str
+    key: str
+    size: int
+    sha256: str
+    media_type: str
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def content_key(data: bytes, *, prefix: str, suffix: str = "") -> str:
+    """``prefix/ab/abcdef…suffix``: the same bytes always land on the same key."""
+    digest = sha256_hex(data)
+    return f"{prefix.strip('/')}/{digest[:2]}/{digest}{suffix}"
+
+
+def _check_key(key: str) -> str:
+    path = PurePosixPath(key)
+    if not key or path.is_absolute() or any(part in ("", ".", "..") for part in key.split("/")):
+        raise InvalidKey(f"unsafe object key {key[:100]!r}")
+    return key
+
+
+class ObjectStore(Protocol):
+    def bucket(self, role: BucketRole) -> str: ...
+
+    async def put(
+        self, role: BucketRole, key: str, data: bytes, *, media_type: str
+    ) -> StoredRef: ...
+
+    async def get(self, bucket: str, key: str) -> bytes: ...
+
+    async def exists(self, bucket: str, key: str) -> bool: ...
+
+
+class _Buckets:
+    def __init__(self, settings: StorageSettings) -> None:
+        self._buckets: dict[str, str] = {
+            "mail": settings.mail_bucket,
+            "incoming": settings.incoming_bucket,
+            "results": settings.results_bucket,
+        }
+
+    def bucket(self, role: BucketRole) -> str:
+        return self._buckets[role]
+
+
+class FilesystemStore(_Buckets):
+    """Buckets are folders under ``root``; writes are atomic (temp file + rename)."""
+
+    def __init__(self, settings: StorageSettings, root: Path) -> None:
+        super().__init__(settings)
+        self.root = root
+
+    def _path(self, bucket: str, key: str) -> Path:
+        return self.root / _check_key(bucket) / _check_key(key)
+
+    async def put(self, role: BucketRole, key: str, data: bytes, *, media_type: str) -> StoredRef:
+        bucket = self.bucket(role)
+        path = self._path(bucket, key)
+        await asyncio.to_thread(_write_atomically, path, data)
+        return StoredRef(bucket, key, len(data), sha256_hex(data), media_type)
+
+    async def get(self, bucket: str, key: str) -> bytes:
+        path = self._path(bucket, key)
+        try:
+            return await asyncio.to_thread(path.read_bytes)
+        except FileNotFoundError as exc:
+            raise ObjectNotFound(f"{bucket}/{key}") from exc
+
+    async def exists(self, bucket: str, key: str) -> bool:
+        return await asyncio.to_thread(self._path(bucket, key).exists)
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    if path.exists() and path.stat().st_size == len(data):
+        return  # content-addressed: same key, same bytes
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class S3Store(_Buckets):
+    """S3 (or MinIO, or moto's server) through boto3, buckets created on first use."""
+
+    def __init__(self, settings: StorageSettings) -> None:
+        super().__init__(settings)
+        import boto3
+        from botocore.config import Config
+
+        self._client: Any = boto3.client(
+            "s3",
+            endpoint_url=settings.s3_endpoint_url,
+            region_name=settings.s3_region,
+            aws_access_key_id=settings.s3_access_key.get_secret_value() or None,
+            aws_secret_access_key=settings.s3_secret_key.get_secret_value() or None,
+            config=Config(retries={"max_attempts": 2}, connect_timeout=5, read_timeout=30),
+        )
+        self._ready: set[str] = set()
+
+    def _translate(self, exc: Exception, what: str) -> Exception:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        if isinstance(exc, ClientError):
+            code = exc.response.get("Error", {}).get("Code", "")
+            if code in ("NoSuchKey", "404", "NotFound", "NoSuchBucket"):
+                return ObjectNotFound(what)
+            if code.startswith("5") or code in ("SlowDown", "RequestTimeout", "ServiceUnavailable"):
+                return StorageUnavailable(f"{what}: {code}")
+            return PermanentError(f"{what}: {code}")
+        if isinstance(exc, BotoCoreError):
+            return StorageUnavailable(f"{what}: {exc}")
+        return exc
+
+    def _ensure_bucket(self, bucket: str) -> None:
+        if bucket in self._ready:
+            return
+        from botocore.exceptions import ClientError
+
+        try:
+            self._client.head_bucket(Bucket=bucket)
+        except ClientError:
+            try:
+                self._client.create_bucket(Bucket=bucket)
+            except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") not in (
+                    "BucketAlreadyOwnedByYou",
+                    "BucketAlreadyExists",
+                ):
+                    raise
+        self._ready.add(bucket)
+
+    def _put(self, bucket: str, key: str, data: bytes, media_type: str) -> None:
+        self._ensure_bucket(bucket)
+        self._client.put_object(Bucket=bucket, Key=key, Body=data, ContentType=media_type)
+
+    async def put(self, role: BucketRole, key: str, data: bytes, *, media_type: str) -> StoredRef:
+        bucket = self.bucket(role)
+        _check_key(key)
+        try:
+            await asyncio.to_thread(self._put, bucket, key, data, media_type)
+        except Exception as exc:
+            raise self._translate(exc, f"put {bucket}/{key}") from exc
+        return StoredRef(bucket, key, len(data), sha256_hex(data), media_type)
+
+    def _get(self, bucket: str, key: str) -> bytes:
+        response = self._client.get_object(Bucket=bucket, Key=key)
+        body = response["Body"]
+        try:
+            return bytes(body.read())
+        finally:
+            body.close()
+
+    async def get(self, bucket: str, key: str) -> bytes:
+        try:
+            return await asyncio.to_thread(self._get, bucket, key)
+        except Exception as exc:
+            raise self._translate(exc, f"get {bucket}/{key}") from exc
+
+    async def exists(self, bucket: str, key: str) -> bool:
+        try:
+            await asyncio.to_thread(self._client.head_object, Bucket=bucket, Key=key)
+        except Exception as exc:
+            translated = self._translate(exc, f"head {bucket}/{key}")
+            if isinstance(translated, ObjectNotFound):
+                return False
+            raise translated from exc
+        return True
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def build_store(settings: Settings) -> ObjectStore:
+    if settings.storage.kind == "s3":
+        return S3Store(settings.storage)
+    return FilesystemStore(settings.storage, settings.storage_root.resolve())

@@ -1,0 +1,79 @@
+"""One contract for both object stores: the filesystem store and S3 (moto's server)."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from pydantic import SecretStr
+
+from mailroom.adapters.storage import (
+    InvalidKey,
+    ObjectNotFound,
+    S3Store,
+    build_store,
+    content_key,
+    sha256_hex,
+)
+from mailroom.settings import Settings, StorageSettings
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(params=["filesystem", "s3"])
+def store(request, tmp_path):
+    if request.param == "filesystem":
+        settings = Settings(state_dir=tmp_path, storage=StorageSettings(kind="filesystem"))
+        yield build_store(settings)
+        return
+    endpoint = request.getfixturevalue("s3_endpoint")
+    suffix = uuid.uuid4().hex[:8]
+    settings = Settings(
+        storage=StorageSettings(
+            kind="s3",
+            s3_endpoint_url=endpoint,
+            s3_access_key=SecretStr("test"),
+            s3_secret_key=SecretStr("test"),
+            mail_bucket=f"mail-{suffix}",
+            incoming_bucket=f"incoming-{suffix}",
+            results_bucket=f"results-{suffix}",
+        )
+    )
+    s3 = build_store(settings)
+    assert isinstance(s3, S3Store)
+    yield s3
+    s3.close()
+
+
+async def test_put_then_get_returns_the_same_bytes_under_a_content_key(store):
+    data = b"invoice_number,total\nA-1,10.50\n"
+    key = content_key(data, prefix="attachments", suffix=".csv")
+    ref = await store.put("incoming", key, data, media_type="text/csv")
+    assert ref.bucket == store.bucket("incoming")
+    assert ref.size == len(data)
+    assert ref.sha256 == sha256_hex(data)
+    assert key.endswith(f"{ref.sha256}.csv")
+    assert await store.get(ref.bucket, key) == data
+    assert await store.exists(ref.bucket, key)
+
+
+async def test_putting_the_same_content_twice_is_idempotent(store):
+    data = b"same bytes"
+    key = content_key(data, prefix="mail")
+    first = await store.put("mail", key, data, media_type="message/rfc822")
+    second = await store.put("mail", key, data, media_type="message/rfc822")
+    assert first == second
+    assert await store.get(first.bucket, key) == data
+
+
+async def test_missing_object_is_a_clear_permanent_error(store):
+    await store.put("results", "present.json", b"{}", media_type="application/json")
+    with pytest.raises(ObjectNotFound):
+        await store.get(store.bucket("results"), "absent.json")
+    assert not await store.exists(store.bucket("results"), "absent.json")
+
+
+@pytest.mark.parametrize("key", ["../escape", "/abs/path", "a/../../b", "a//b", ""])
+async def test_unsafe_keys_are_refused(store, key):
+    with pytest.raises(InvalidKey):
+        await store.put("incoming", key, b"x", media_type="text/plain")
