@@ -41,6 +41,8 @@ async def transaction(
         yield session
 
 
-def sync_url(url: str) -> str:
-    """The same database for synchronous tools (alembic, CLI tables)."""
-    return url  # psycopg 3 serves both sync and async under one dialect name
+def libpq_dsn(url: str) -> str:
+    """The SQLAlchemy URL as a plain libpq DSN, for direct psycopg connections."""
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)

@@ -297,14 +297,3 @@ class AuditEvent(Base):
     target: Mapped[str] = mapped_column(Text)
     detail: Mapped[dict[str, Any]] = mapped_column(JSONB, server_default=text("'{}'::jsonb"))
     created_at: Mapped[datetime] = _now()
-
-
-class SchedulerLeader(Base):
-    """Who leads the scheduler now (informational; the advisory lock decides)."""
-
-    __tablename__ = "scheduler_leader"
-
-    id: Mapped[int] = mapped_column(primary_key=True)
-    holder: Mapped[str] = mapped_column(String(200))
-    since: Mapped[datetime] = _now()
-    heartbeat_at: Mapped[datetime] = _now()

@@ -65,6 +65,20 @@ class NatsSettings(BaseModel):
     recognizer_queue_group: str = "mailroom-recognizer"
     inbox_durable: str = "mailroom-inbox"
     connect_timeout_s: float = 2.0
+    #: Wait between reconnect attempts to one server, in seconds.
+    reconnect_wait_s: float = 0.5
+    #: Connect attempts before the first connection is given up (later ones never stop).
+    initial_connect_attempts: int = 2
+    #: Longest wait for a flush (core NATS) or publish acks (JetStream), in seconds.
+    publish_timeout_s: float = 5.0
+    #: JetStream keeps messages of the recognition stream this long, in seconds.
+    stream_max_age_s: float = 7 * 24 * 3600
+    #: Messages the bridge fetches per JetStream pull.
+    bridge_fetch_batch: int = 100
+    #: Longest wait of one JetStream pull, in seconds.
+    bridge_fetch_timeout_s: float = 1.0
+    #: Unacked JetStream messages are redelivered to a bridge after this long, in seconds.
+    bridge_ack_wait_s: float = 30.0
 
     def subject(self, name: str) -> str:
         return f"{self.subject_prefix}{name}"
@@ -84,17 +98,24 @@ class StorageSettings(BaseModel):
 
 
 class MailboxSettings(BaseModel):
+    """One IMAP folder that intake reads; ``name`` is what ``poll_mailbox`` is given."""
+
     name: str
     host: str = "127.0.0.1"
     port: int = DEV_IMAP_PORT
     security: Literal["ssl", "starttls", "plain"] = "plain"
+    #: CA bundle that signs the server's certificate (self-signed servers); empty: system CAs.
+    ca_file: Path | None = None
     username: str = "demouser"
     password: SecretStr = SecretStr("demopass")
     folder: str = "INBOX"
     enabled: bool = True
+    #: Most mails one poll ingests; a fuller folder re-sends the poll at once.
     batch_size: int = 50
     idle: bool = True
+    #: Longest IDLE wait when nothing is new, in seconds.
     idle_timeout_s: float = 10.0
+    #: Connect and read timeout of the IMAP socket, in seconds.
     timeout_s: float = 30.0
 
 
@@ -107,6 +128,10 @@ class IntakeSettings(BaseModel):
     max_attachment_bytes: int = 25 * 1024 * 1024
     max_mail_bytes: int = 50 * 1024 * 1024
     max_attachments: int = 100
+    #: Mails per IMAP FETCH command.
+    fetch_chunk: int = 50
+    #: Mails parsed and stored ahead of the one being committed (commits stay in UID order).
+    prepare_ahead: int = 4
 
 
 class DocumentType(BaseModel):
@@ -131,6 +156,22 @@ class RecognitionSettings(BaseModel):
     )
     #: Results unmapped for this long are re-sent to mapping by the sweep, in seconds.
     unmapped_after_s: float = 60.0
+    #: Jobs one unmapped-result sweep re-sends at most.
+    sweep_batch_size: int = 500
+    #: Inbox messages larger than this are rejected unread, in bytes.
+    max_message_bytes: int = 256 * 1024
+    #: Result files larger than this are not mapped, in bytes.
+    max_result_bytes: int = 16 * 1024 * 1024
+
+
+class RecognizerSettings(BaseModel):
+    """The reference recognizer (``mailroom recognizer``), with switchable faults for tests."""
+
+    #: Comma-separated faults: drop_acks, duplicate_results, drop_results, fail_with=CODE.
+    faults: str = ""
+    #: Extra wait before each answer, in seconds.
+    delay_s: float = 0.0
+    service_name: str = "mailroom-reference-recognizer"
 
 
 class WebhookAccount(BaseModel):
@@ -182,6 +223,14 @@ class DeliverySettings(BaseModel):
     delivered_ttl_s: int = 7 * 24 * 3600
     #: Messages stuck in ``sending`` longer than this are recovered, in seconds.
     stale_after_s: float = 300.0
+    #: Pending messages added this long ago and not picked up are re-added, in seconds.
+    readd_after_s: float = 600.0
+    #: Most messages one re-add or stale-recovery pass handles.
+    sweep_batch_size: int = 1_000
+    #: How often the bridge looks for entries of dead bridges (XAUTOCLAIM), in milliseconds.
+    claim_interval_ms: int = 5_000
+    #: Longest wait between the bridge's reconnect attempts, in seconds.
+    reconnect_max_backoff_s: float = 10.0
     webhook_accounts: dict[str, WebhookAccount] = Field(default_factory=dict)
     email_accounts: dict[str, EmailAccount] = Field(default_factory=dict)
     rate_limits: dict[str, RateLimit] = Field(default_factory=dict)
@@ -229,6 +278,7 @@ class Settings(BaseSettings):
     storage: StorageSettings = StorageSettings()
     intake: IntakeSettings = IntakeSettings()
     recognition: RecognitionSettings = RecognitionSettings()
+    recognizer: RecognizerSettings = RecognizerSettings()
     delivery: DeliverySettings = DeliverySettings()
     scheduler: SchedulerSettings = SchedulerSettings()
     sentry: SentrySettings = SentrySettings()

@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises: 
-Create Date: 2026-11-30 06:47:13.916730
+Create Date: 2026-11-30 06:55:17.460072
 """
 
 from collections.abc import Sequence
@@ -49,13 +49,6 @@ def upgrade() -> None:
     sa.CheckConstraint("status IN ('idle', 'processing', 'failed', 'blocked')", name=op.f('ck_mailbox_cursor_status')),
     sa.PrimaryKeyConstraint('id', name=op.f('pk_mailbox_cursor')),
     sa.UniqueConstraint('mailbox', 'folder', name=op.f('uq_mailbox_cursor_mailbox'))
-    )
-    op.create_table('scheduler_leader',
-    sa.Column('id', sa.Integer(), nullable=False),
-    sa.Column('holder', sa.String(length=200), nullable=False),
-    sa.Column('since', sa.DateTime(timezone=True), server_default=sa.text('now()'), nullable=False),
-    sa.Column('heartbeat_at', sa.DateTime(timezone=True), server_default=sa.text('now()'), nullable=False),
-    sa.PrimaryKeyConstraint('id', name=op.f('pk_scheduler_leader'))
     )
     op.create_table('stored_object',
     sa.Column('id', sa.Integer(), nullable=False),
@@ -218,7 +211,6 @@ def downgrade() -> None:
     op.drop_index('ix_inbound_mail_message_id_sha256', table_name='inbound_mail')
     op.drop_table('inbound_mail')
     op.drop_table('stored_object')
-    op.drop_table('scheduler_leader')
     op.drop_table('mailbox_cursor')
     op.drop_index('ix_audit_event_action_created_at', table_name='audit_event')
     op.drop_table('audit_event')

@@ -1,0 +1,5 @@
+"""``python -m mailroom`` is the ``mailroom`` command."""
+
+from mailroom.cli import app
+
+app(prog_name="mailroom")

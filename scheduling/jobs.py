@@ -1,0 +1,63 @@
+"""The job table: every periodic job's whole body is one ``actor.send(...)``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+
+from mailroom.settings import Settings
+
+
+@dataclass(frozen=True)
+class PeriodicJob:
+    name: str
+    interval_s: float
+    send: Callable[[], object]
+
+
+def job_table(settings: Settings) -> list[PeriodicJob]:
+    """Every periodic job of DESIGN.md §7, with intervals from settings."""
+    from actors import delivery, intake, recognition, system
+
+    every = settings.scheduler
+    jobs = [
+        PeriodicJob(
+            f"poll_mailbox:{mailbox.name}",
+            every.poll_interval_s,
+            partial(intake.poll_mailbox.send, mailbox.name),
+        )
+        for mailbox in settings.intake.mailboxes
+        if mailbox.enabled
+    ]
+    jobs += [
+        PeriodicJob(
+            "outbox_sweep",
+            every.outbox_sweep_interval_s,
+            recognition.publish_recognition_requests.send,
+        ),
+        PeriodicJob(
+            "deadline_watchdog",
+            every.watchdog_interval_s,
+            recognition.expire_recognition_deadlines.send,
+        ),
+        PeriodicJob(
+            "unmapped_result_sweep",
+            every.unmapped_sweep_interval_s,
+            recognition.sweep_unmapped_results.send,
+        ),
+        PeriodicJob(
+            "stale_delivery_recovery",
+            every.stale_delivery_interval_s,
+            delivery.recover_stale_deliveries.send,
+        ),
+        PeriodicJob(
+            "pending_delivery_readd",
+            every.pending_delivery_interval_s,
+            delivery.readd_pending_deliveries.send,
+        ),
+        PeriodicJob(
+            "broker_maintenance", every.broker_maintenance_interval_s, system.maintain_broker.send
+        ),
+    ]
+    return jobs

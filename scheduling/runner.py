@@ -1,0 +1,100 @@
+"""``mailroom scheduler``: APScheduler 3 running the job table while we lead."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from datetime import UTC, datetime
+from types import FrameType
+
+from apscheduler.schedulers.background import BackgroundScheduler
+from apscheduler.triggers.interval import IntervalTrigger
+
+from mailroom.db import libpq_dsn
+from mailroom.settings import Settings
+from scheduling.jobs import PeriodicJob, job_table
+from scheduling.leader import LeaderElection
+
+logger = logging.getLogger(__name__)
+
+
+def _run_job(job: PeriodicJob) -> None:
+    try:
+        job.send()
+    except Exception:
+        # The broker may be briefly down; the next tick sends again.
+        logger.exception("Scheduler job %s could not send its message", job.name)
+
+
+def build_scheduler(jobs: list[PeriodicJob]) -> BackgroundScheduler:
+    """A scheduler whose jobs run once at start (a new leader catches up) and then every interval."""
+    scheduler = BackgroundScheduler(timezone=UTC)
+    now = datetime.now(UTC)
+    for job in jobs:
+        scheduler.add_job(
+            _run_job,
+            IntervalTrigger(seconds=job.interval_s),
+            args=[job],
+            id=job.name,
+            name=job.name,
+            next_run_time=now,
+            coalesce=True,
+            max_instances=1,
+            misfire_grace_time=max(1, int(job.interval_s)),
+        )
+    return scheduler
+
+
+class SchedulerService:
+    """Leads when it can, runs the jobs while it leads, stands by otherwise."""
+
+    def __init__(self, settings: Settings, *, election: LeaderElection | None = None) -> None:
+        self.settings = settings
+        self.election = election or LeaderElection(
+            libpq_dsn(settings.database.url), settings.scheduler.leader_lock_key
+        )
+        self.stopping = threading.Event()
+        self.is_leader = threading.Event()
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    def run(self) -> None:
+        retry_s = self.settings.scheduler.leader_retry_s
+        while not self.stopping.is_set():
+            if not self.election.try_acquire():
+                self.stopping.wait(retry_s)
+                continue
+            logger.info("Scheduler %s is the leader", self.election.name)
+            self._lead(retry_s)
+        self.election.release()
+
+    def _lead(self, check_s: float) -> None:
+        scheduler = build_scheduler(job_table(self.settings))
+        scheduler.start()
+        self.is_leader.set()
+        try:
+            while not self.stopping.wait(check_s):
+                if not self.election.still_leader():
+                    logger.warning("Scheduler %s lost leadership", self.election.name)
+                    break
+        finally:
+            self.is_leader.clear()
+            scheduler.shutdown(wait=False)
+
+
+def run(settings: Settings) -> int:
+    """Run until SIGTERM or SIGINT; exit 0."""
+    import actors  # noqa: F401  (the broker the jobs send through)
+
+    service = SchedulerService(settings)
+
+    def _stop(signum: int, frame: FrameType | None) -> None:
+        logger.info("Scheduler stopping on signal %s", signum)
+        service.stop()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    service.run()
+    return 0

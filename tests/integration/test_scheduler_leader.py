@@ -1,0 +1,62 @@
+"""One scheduler leads at a time; a standby takes over when the leader's session ends."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import psycopg
+import pytest
+
+from mailroom.db import libpq_dsn
+from mailroom.settings import DatabaseSettings, SchedulerSettings, Settings
+from scheduling.leader import LeaderElection, current_leader
+from scheduling.runner import SchedulerService
+
+pytestmark = pytest.mark.integration
+
+KEY = 424242
+
+
+def test_only_one_election_wins_and_a_standby_takes_over_when_the_session_dies(database_url):
+    dsn = libpq_dsn(database_url)
+    leader = LeaderElection(dsn, KEY, name="leader-a")
+    standby = LeaderElection(dsn, KEY, name="standby-b")
+    try:
+        assert leader.try_acquire()
+        assert not standby.try_acquire()
+        assert current_leader(dsn, KEY) == "leader-a"
+
+        # The leader's backend dies (as when its process is killed -9).
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'leader-a'"
+            )
+        assert not leader.still_leader()
+        assert standby.try_acquire()
+        assert current_leader(dsn, KEY) == "standby-b"
+    finally:
+        leader.release()
+        standby.release()
+
+
+def test_the_leading_service_sends_its_jobs_and_stops_cleanly(database_url, stub_broker):
+    settings = Settings(
+        database=DatabaseSettings(url=database_url),
+        scheduler=SchedulerSettings(leader_lock_key=KEY + 1, leader_retry_s=0.1),
+    )
+    service = SchedulerService(settings)
+    thread = threading.Thread(target=service.run)
+    thread.start()
+    try:
+        assert service.is_leader.wait(10)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and stub_broker.queues["maintenance"].qsize() < 1:
+            time.sleep(0.05)
+        # Jobs run once at takeover: the sweeps are on their queue.
+        assert stub_broker.queues["maintenance"].qsize() >= 1
+    finally:
+        service.stop()
+        thread.join(10)
+    assert not thread.is_alive()
+    assert current_leader(libpq_dsn(database_url), KEY + 1) is None

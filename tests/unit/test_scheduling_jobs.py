@@ -1,0 +1,52 @@
+"""Each scheduler job only sends one actor message, to the queue of its workload."""
+
+from __future__ import annotations
+
+import dramatiq
+
+from mailroom.settings import IntakeSettings, MailboxSettings, Settings
+from scheduling.jobs import job_table
+
+
+def test_every_job_of_the_design_is_in_the_table_and_only_sends(stub_broker):
+    settings = Settings(
+        intake=IntakeSettings(
+            mailboxes=[
+                MailboxSettings(name="billing"),
+                MailboxSettings(name="archive", enabled=False),
+                MailboxSettings(name="claims"),
+            ]
+        )
+    )
+    jobs = {job.name: job for job in job_table(settings)}
+    assert set(jobs) == {
+        "poll_mailbox:billing",
+        "poll_mailbox:claims",
+        "outbox_sweep",
+        "deadline_watchdog",
+        "unmapped_result_sweep",
+        "stale_delivery_recovery",
+        "pending_delivery_readd",
+        "broker_maintenance",
+    }
+    assert jobs["deadline_watchdog"].interval_s == 30
+
+    for job in jobs.values():
+        job.send()
+
+    sent = {
+        (message.actor_name, message.args)
+        for queue in stub_broker.queues.values()
+        for message in (dramatiq.Message.decode(data) for data in list(queue.queue))
+    }
+    assert ("poll_mailbox", ("billing",)) in sent
+    assert ("poll_mailbox", ("claims",)) in sent
+    assert {name for name, _ in sent} == {
+        "poll_mailbox",
+        "publish_recognition_requests",
+        "expire_recognition_deadlines",
+        "sweep_unmapped_results",
+        "recover_stale_deliveries",
+        "readd_pending_deliveries",
+        "maintain_broker",
+    }
