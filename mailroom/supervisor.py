@@ -1,0 +1,115 @@
+"""Runs Mailroom's processes as children, restarts the ones that die, stops them all."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+logger = logging.getLogger(__name__)
+
+#: Longest wait between restarts of a child that keeps dying, in seconds.
+MAX_RESTART_DELAY_S = 30.0
+
+
+@dataclass
+class Child:
+    name: str
+    args: Sequence[str]
+    env: dict[str, str]
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+    next_start: float = 0.0
+    _log: IO[bytes] | None = field(default=None, repr=False)
+
+    def start(self, cwd: Path) -> None:
+        self._log = self._log or open(self.log_path, "ab")
+        self.process = subprocess.Popen(
+            list(self.args),
+            env=self.env,
+            cwd=cwd,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def signal(self, signum: int) -> None:
+        if self.running:
+            assert self.process is not None
+            try:
+                os.killpg(self.process.pid, signum)
+            except ProcessLookupError:
+                pass
+
+    def close(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+
+class Supervisor:
+    """Starts children, restarts crashed ones with backoff, stops them in reverse order."""
+
+    def __init__(self, cwd: Path) -> None:
+        self.cwd = cwd
+        self.children: list[Child] = []
+
+    def add(self, child: Child) -> None:
+        self.children.append(child)
+        child.start(self.cwd)
+        logger.info(
+            "started %s (pid %s), log %s",
+            child.name,
+            child.process and child.process.pid,
+            child.log_path,
+        )
+
+    def check(self) -> None:
+        """Restart children that exited, waiting longer after each crash."""
+        now = time.monotonic()
+        for child in self.children:
+            if child.running or child.process is None:
+                if child.process is None and now >= child.next_start:
+                    child.start(self.cwd)
+                continue
+            code = child.process.returncode
+            child.restarts += 1
+            delay = min(MAX_RESTART_DELAY_S, 2.0 ** min(child.restarts, 5))
+            logger.warning(
+                "%s exited with code %s; restarting in %.0fs (see %s)",
+                child.name,
+                code,
+                delay,
+                child.log_path,
+            )
+            child.process = None
+            child.next_start = now + delay
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        """SIGTERM every child (newest first), then SIGKILL what is left after the timeout."""
+        for child in reversed(self.children):
+            child.signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for child in reversed(self.children):
+            if child.process is None:
+                continue
+            try:
+                child.process.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                logger.warning("%s did not stop in time; killing it", child.name)
+                child.signal(signal.SIGKILL)
+                child.process.wait(5)
+        for child in self.children:
+            child.close()
