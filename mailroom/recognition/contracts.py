@@ -99,7 +99,7 @@ class RecognitionResponse(_Contract):
 
 
 class ResultField(_Contract):
-    value: str | int | float | bool | None
+    value: str | int | float | bool | None = None
     confidence: float = Field(ge=0.0, le=1.0)
 
 

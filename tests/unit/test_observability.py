@@ -1,0 +1,129 @@
+"""Sentry events and log lines never carry secrets or mail bodies; expected errors are not events."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import dramatiq
+import pytest
+import sentry_sdk
+from pydantic import SecretStr
+from sentry_sdk.transport import Transport
+
+from actors.broker import build_broker
+from actors.retry_policy import RetryPolicy
+from mailroom.errors import PermanentError, RetryableError
+from mailroom.observability import SecretScrubber, init_sentry, scrub_text, secret_values
+from mailroom.settings import (
+    BrokerSettings,
+    DatabaseSettings,
+    IntakeSettings,
+    MailboxSettings,
+    SentrySettings,
+    Settings,
+)
+
+SENTINEL = "Sentinel-Pa55word-7731"
+BODY = "Dear customer, the secret mail body"
+
+
+class CapturingTransport(Transport):
+    def __init__(self, options=None):
+        super().__init__(options)
+        self.events: list[dict] = []
+
+    def capture_envelope(self, envelope):
+        for item in envelope.items:
+            if item.headers.get("type") == "event":
+                self.events.append(json.loads(item.payload.get_bytes()))
+
+
+@pytest.fixture
+def settings():
+    return Settings(
+        broker=BrokerSettings(kind="stub"),
+        database=DatabaseSettings(url=f"postgresql+psycopg://app:{SENTINEL}@db.internal/mailroom"),
+        intake=IntakeSettings(mailboxes=[MailboxSettings(name="m", password=SecretStr(SENTINEL))]),
+        sentry=SentrySettings(dsn=SecretStr("https://public@sentry.invalid/1")),
+    )
+
+
+@pytest.fixture
+def transport(settings):
+    transport = CapturingTransport()
+    init_sentry(settings, process="test", transport=transport)
+    yield transport
+    sentry_sdk.get_client().close()
+    sentry_sdk.init()  # disabled client for the rest of the session
+
+
+def test_secret_values_are_found_in_nested_settings(settings):
+    assert SENTINEL in secret_values(settings)
+
+
+def test_url_passwords_are_removed_from_text():
+    text = f"could not connect to postgresql://app:{SENTINEL}@db:5432/x and redis://:{SENTINEL}@r/0"
+    assert SENTINEL not in scrub_text(text, [])
+
+
+def test_unexpected_actor_error_is_one_scrubbed_event_and_expected_ones_are_none(
+    settings, transport
+):
+    broker = build_broker(settings)  # built after Sentry: the integration hooks in
+
+    @dramatiq.actor(
+        broker=broker,
+        queue_name="sentry_probe",
+        actor_name="sentry_crash",
+        retry_policy=RetryPolicy(max_attempts=1),
+    )
+    def crash(body: str) -> None:
+        raise RuntimeError(f"failed talking to postgresql://app:{SENTINEL}@db.internal/mailroom")
+
+    @dramatiq.actor(broker=broker, queue_name="sentry_probe", actor_name="sentry_expected")
+    def expected(kind: str) -> None:
+        raise PermanentError("bad payload") if kind == "permanent" else RetryableError("later")
+
+    worker = dramatiq.Worker(broker, worker_timeout=50)
+    worker.start()
+    try:
+        crash.send(BODY)
+        expected.send("permanent")
+        broker.join("sentry_probe", fail_fast=False)
+        worker.join()
+    finally:
+        worker.stop()
+    sentry_sdk.flush()
+
+    errors = [e for e in transport.events if e.get("level") == "error" and e.get("exception")]
+    kinds = [e["exception"]["values"][-1]["type"] for e in errors]
+    assert "RuntimeError" in kinds
+    assert "PermanentError" not in kinds and "RetryableError" not in kinds
+    dumped = json.dumps(transport.events)
+    assert SENTINEL not in dumped
+    assert BODY not in dumped
+
+
+def test_log_lines_never_show_the_sentinel(settings, caplog):
+    scrubber = SecretScrubber(secret_values(settings))
+    logger = logging.getLogger("mailroom.test")
+    caplog.handler.addFilter(scrubber)
+    try:
+        logger.warning("connect failed: %s", f"imap login as demo with {SENTINEL}")
+        logger.error(
+            "Failed to process message %s.",
+            dramatiq.Message(
+                queue_name="q", actor_name="deliver", args=(BODY,), kwargs={}, options={}
+            ),
+        )
+        try:
+            raise ConnectionError(f"postgresql://app:{SENTINEL}@db/x refused")
+        except ConnectionError:
+            logger.exception("database down")
+    finally:
+        caplog.handler.removeFilter(scrubber)
+    assert caplog.records
+    assert SENTINEL not in caplog.text
+    assert BODY not in caplog.text
+    assert "deliver[" in caplog.text
