@@ -105,9 +105,11 @@ def dev(
 
 
 @app.command()
-def status() -> None:
-    """Counts per status across the pipelines."""
+def status(
+    as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts."),
+) -> None:
+    """Counts per status, stopped work, queue depths, the delivery stream and the scheduler leader."""
     settings = load_settings("cli")
-    from mailroom.status import print_status
+    from mailroom.cli.status import print_status
 
-    print_status(settings)
+    print_status(settings, as_json=as_json)
