@@ -2,13 +2,44 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import dramatiq
 
 from actors import queues
+from actors.notifications import notify_final_mails
+from actors.recognition import publish_recognition_requests
+from actors.resources import current
 from actors.retry_policy import RetryPolicy
+from mailroom.adapters.imap import ImapMailbox
+from mailroom.intake.cursor import utc_now
+from mailroom.intake.poll import IntakeDeps
+from mailroom.intake.poll import poll_mailbox as poll
 
 
+async def _nudge_publisher() -> None:
+    # Sending talks to the broker synchronously: keep it off the event loop.
+    await asyncio.to_thread(publish_recognition_requests.send)
+
+
+# Failures of a batch are recorded on the cursor with their own backoff, so the actor
+# returns normally for them; it raises only when Postgres itself cannot be reached.
 @dramatiq.actor(queue_name=queues.INTAKE, retry_policy=RetryPolicy(max_attempts=3))
 async def poll_mailbox(mailbox: str) -> None:
     """Read new mail of one configured mailbox (DESIGN.md §4)."""
-    raise NotImplementedError("owned by the intake engineer")
+    resources = current()
+    deps = IntakeDeps(
+        sessions=await resources.sessions(),
+        store=await resources.store(),
+        connect=ImapMailbox,
+        clock=utc_now,
+        nudge=_nudge_publisher,
+    )
+    outcome = await poll(str(mailbox), settings=resources.settings.intake, deps=deps)
+    result = outcome.result
+    if result is not None and result.ingested:
+        # A mail with nothing to recognize is final at once: let its notification go out now
+        # rather than at the next sweep.
+        await asyncio.to_thread(notify_final_mails.send)
+    if outcome.more_waiting:
+        await asyncio.to_thread(poll_mailbox.send, mailbox)

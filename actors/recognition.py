@@ -2,39 +2,124 @@
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import binascii
+import logging
+import uuid
+from collections.abc import Iterable
 from typing import Any
 
 import dramatiq
 
 from actors import queues
+from actors.notifications import notify_final_mails
+from actors.resources import current
 from actors.retry_policy import RetryPolicy
+from mailroom.adapters.nats import NatsPublishFailed, NatsUnavailable
+from mailroom.recognition import inbox, mapping, outbox, watchdog
+from mailroom.recognition.finality import short_repr
+
+logger = logging.getLogger(__name__)
+
+
+def on_mails_final(mail_ids: Iterable[int]) -> None:
+    """These mails just became final (every file settled): create their notifications.
+
+    The scheduler's notification sweep sends the same actor, so a crash right
+    here only delays them.
+    """
+    finals = list(mail_ids)
+    for mail_id in finals:
+        logger.info("Mail %d is final", mail_id)
+    if finals:
+        notify_final_mails.send()
 
 
 @dramatiq.actor(queue_name=queues.OUTBOX, retry_policy=RetryPolicy(max_attempts=3))
 async def publish_recognition_requests() -> None:
     """One outbox pass: publish queued jobs, republish unacked ones (DESIGN.md §5)."""
-    raise NotImplementedError("owned by the recognition engineer")
+    resources = current()
+    try:
+        publisher = await resources.nats()
+    except NatsUnavailable as exc:
+        logger.warning("Outbox pass skipped: %s", exc)
+        return
+    settings = resources.settings
+    result = await outbox.publish_recognition_requests(
+        await resources.sessions(),
+        publisher,
+        nats=settings.nats,
+        recognition=settings.recognition,
+    )
+    on_mails_final(result.finalized_mail_ids)
+    if result.error is not None:
+        raise NatsPublishFailed(result.error)
+    if result.more:
+        publish_recognition_requests.send()
 
 
 @dramatiq.actor(queue_name=queues.INBOX, retry_policy=RetryPolicy(max_attempts=20))
 async def apply_recognition_message(subject: str, data: str, headers: dict[str, Any]) -> None:
-    """Apply one ack or result from a recognition service (DESIGN.md §5)."""
-    raise NotImplementedError("owned by the recognition engineer")
+    """Apply one ack or result from a recognition service (DESIGN.md §5).
+
+    ``data`` is the NATS body, base64-encoded (actor arguments are JSON).
+    """
+    try:
+        body = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError, TypeError):
+        logger.warning(
+            "Rejected recognition message on %s: body is not base64", short_repr(subject)
+        )
+        return
+    resources = current()
+    result = await inbox.apply_recognition_message(
+        await resources.sessions(),
+        subject=subject,
+        data=body,
+        headers={str(k): str(v) for k, v in (headers or {}).items()},
+        max_bytes=resources.settings.recognition.max_message_bytes,
+    )
+    if result.map_job_id is not None:
+        # NOTE: a broker call blocks; off the loop it leaves the other inbox messages running.
+        await asyncio.to_thread(map_recognition_result.send, str(result.map_job_id))
 
 
 @dramatiq.actor(queue_name=queues.MAPPING, retry_policy=RetryPolicy(max_attempts=10))
 async def map_recognition_result(job_id: str) -> None:
     """Turn one result file into a document (DESIGN.md §5)."""
-    raise NotImplementedError("owned by the recognition engineer")
+    try:
+        parsed = uuid.UUID(job_id)
+    except (ValueError, TypeError, AttributeError):
+        logger.warning("Mapping skipped: job id %s is not a uuid", short_repr(job_id))
+        return
+    resources = current()
+    result = await mapping.map_recognition_result(
+        await resources.sessions(),
+        await resources.store(),
+        parsed,
+        settings=resources.settings.recognition,
+    )
+    on_mails_final(result.finalized_mail_ids)
+    if result.replayed is not None:
+        publish_recognition_requests.send()
 
 
 @dramatiq.actor(queue_name=queues.MAINTENANCE, retry_policy=RetryPolicy(max_attempts=1))
 async def expire_recognition_deadlines() -> None:
     """Time out jobs past their reply deadline."""
-    raise NotImplementedError("owned by the recognition engineer")
+    result = await watchdog.expire_recognition_deadlines(await current().sessions())
+    on_mails_final(result.finalized_mail_ids)
 
 
 @dramatiq.actor(queue_name=queues.MAINTENANCE, retry_policy=RetryPolicy(max_attempts=1))
 async def sweep_unmapped_results() -> None:
     """Re-send mapping for results left unmapped."""
-    raise NotImplementedError("owned by the recognition engineer")
+    resources = current()
+    job_ids = await mapping.find_unmapped_results(
+        await resources.sessions(), settings=resources.settings.recognition
+    )
+    for job_id in job_ids:
+        map_recognition_result.send(str(job_id))
+    if job_ids:
+        logger.info("Unmapped-result sweep re-sent %d jobs to mapping", len(job_ids))

@@ -16,6 +16,9 @@ import redis.asyncio as aioredis
 from dramatiq import Broker, Middleware
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
+from mailroom.adapters.channels import ChannelOutbound
+from mailroom.adapters.nats import NatsClient
+from mailroom.adapters.storage import ObjectStore, build_store
 from mailroom.db import create_engine, create_sessionmaker
 from mailroom.settings import Settings
 
@@ -75,6 +78,49 @@ class Resources:
             await client.aclose()
 
         return await self._get("redis", build, close)
+
+    async def channels(self) -> ChannelOutbound:
+        """Delivery channels behind their middleware chains, cached per (channel, account)."""
+        from mailroom.adapters.redis import DeliveryRedis
+
+        client = await self.redis()
+
+        async def build() -> ChannelOutbound:
+            delivery = self.settings.delivery
+            return ChannelOutbound(
+                delivery, redis=DeliveryRedis(client, stream_key=delivery.stream_key)
+            )
+
+        async def close(outbound: ChannelOutbound) -> None:
+            await outbound.aclose()
+
+        return await self._get("channels", build, close)
+
+    async def nats(self) -> NatsClient:
+        """The NATS connection (reconnects by itself once up); ``NatsUnavailable`` if down."""
+
+        async def build() -> NatsClient:
+            client = NatsClient(self.settings.nats, name="mailroom-worker")
+            await client.connect()
+            return client
+
+        async def close(client: NatsClient) -> None:
+            await client.close()
+
+        return await self._get("nats", build, close)
+
+    async def store(self) -> ObjectStore:
+        """The object store (filesystem or S3) of ``settings.storage``."""
+
+        async def build() -> ObjectStore:
+            return build_store(self.settings)
+
+        async def close(store: ObjectStore) -> None:
+            closer = getattr(store, "close", None)
+            if closer is not None:
+                await asyncio.to_thread(closer)
+
+        return await self._get("store", build, close)
 
     async def aclose(self) -> None:
         """Close every built client, newest first; one failure never skips the rest."""

@@ -104,6 +104,12 @@ class InboundMail(Base):
         UniqueConstraint("cursor_id", "uidvalidity", "uid", name="cursor_uid"),
         CheckConstraint(_in("status", MAIL_STATUSES), name="status"),
         Index("ix_inbound_mail_message_id_sha256", "message_id", "content_sha256"),
+        # Final mails whose notifications are still to be created.
+        Index(
+            "ix_inbound_mail_unnotified",
+            "finalized_at",
+            postgresql_where=text("status = 'final' AND notified_at IS NULL"),
+        ),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -124,6 +130,8 @@ class InboundMail(Base):
     last_attempt_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     next_retry_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finalized_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    #: When the notifications of its final state were created; NULL: still to do.
+    notified_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     created_at: Mapped[datetime] = _now()
 
 
@@ -193,7 +201,10 @@ class RecognitionJob(Base):
         Index(
             "ix_recognition_job_unmapped",
             "finished_at",
-            postgresql_where=text("status IN ('done', 'needs_check') AND mapped_at IS NULL"),
+            postgresql_where=text(
+                "status IN ('done', 'needs_check', 'error') AND mapped_at IS NULL"
+                " AND result_msg_id IS NOT NULL"
+            ),
         ),
     )
 

@@ -244,6 +244,8 @@ class SchedulerSettings(BaseModel):
     stale_delivery_interval_s: float = 60.0
     unmapped_sweep_interval_s: float = 60.0
     pending_delivery_interval_s: float = 60.0
+    #: How often final mails without notifications are looked for, in seconds.
+    notification_sweep_interval_s: float = 30.0
     broker_maintenance_interval_s: float = 5.0
     #: Postgres advisory lock key that elects the single leader.
     leader_lock_key: int = 0x6D61696C

@@ -18,7 +18,7 @@ class PeriodicJob:
 
 def job_table(settings: Settings) -> list[PeriodicJob]:
     """Every periodic job of DESIGN.md §7, with intervals from settings."""
-    from actors import delivery, intake, recognition, system
+    from actors import delivery, intake, notifications, recognition, system
 
     every = settings.scheduler
     jobs = [
@@ -45,6 +45,11 @@ def job_table(settings: Settings) -> list[PeriodicJob]:
             "unmapped_result_sweep",
             every.unmapped_sweep_interval_s,
             recognition.sweep_unmapped_results.send,
+        ),
+        PeriodicJob(
+            "notification_sweep",
+            every.notification_sweep_interval_s,
+            notifications.notify_final_mails.send,
         ),
         PeriodicJob(
             "stale_delivery_recovery",

@@ -14,6 +14,7 @@ import dramatiq
 import pytest
 from dramatiq import Worker
 from dramatiq.brokers.stub import StubBroker
+from dramatiq.worker import _WorkerMiddleware
 
 # Stray MAILROOM_* variables from a developer's shell must not leak into tests.
 for _name in [n for n in os.environ if n.startswith("MAILROOM_")]:
@@ -31,6 +32,18 @@ pytest_plugins = sorted(
 
 #: The one StubBroker of the test session, with every actor declared on it.
 broker = dramatiq.get_broker()
+
+
+@pytest.fixture(autouse=True)
+def _detach_stopped_workers() -> Iterator[None]:
+    """Forget the workers a test started once it is over.
+
+    Each ``Worker`` hooks itself into the broker and is never unhooked: a stopped
+    worker would still start consumers for queues declared later and swallow their
+    messages. Autouse fixtures are torn down last, after the workers stopped.
+    """
+    yield
+    broker.middleware[:] = [m for m in broker.middleware if not isinstance(m, _WorkerMiddleware)]
 
 
 @pytest.fixture

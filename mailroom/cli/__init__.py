@@ -11,7 +11,7 @@ import sys
 
 import typer
 
-from mailroom.cli import delivery, intake, recognition
+from mailroom.cli import dead_letters, delivery, intake, recognition
 from mailroom.settings import Settings
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
@@ -20,6 +20,8 @@ app.add_typer(bridge_app, name="bridge")
 app.add_typer(intake.app, name="intake")
 app.add_typer(recognition.app, name="recognition")
 app.add_typer(delivery.app, name="delivery")
+app.add_typer(dead_letters.app, name="dead-letters")
+app.command("notify")(delivery.notify)
 
 
 def load_settings(process: str) -> Settings:

@@ -1,7 +1,150 @@
-"""`mailroom delivery …`: operator commands for the delivery pipeline."""
+"""`mailroom delivery …`: operator commands for the delivery pipeline, and `notify`."""
 
 from __future__ import annotations
 
+import asyncio
+import getpass
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import redis.asyncio as aioredis
 import typer
+from rich.console import Console
+from rich.table import Table
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from mailroom.db import create_engine, create_sessionmaker, transaction
+from mailroom.settings import Settings
 
 app = typer.Typer(no_args_is_help=True, help="Operate the delivery pipeline.")
+
+T = TypeVar("T")
+
+Clients = tuple[async_sessionmaker[AsyncSession], aioredis.Redis]
+
+
+def _settings() -> Settings:
+    from mailroom.cli import load_settings
+
+    return load_settings("cli")
+
+
+def _run(settings: Settings, work: Callable[[Clients], Awaitable[T]]) -> T:
+    """Run ``work`` with a session factory and a Redis client, closing both afterwards."""
+
+    async def main() -> T:
+        engine = create_engine(settings.database)
+        client = aioredis.Redis.from_url(settings.redis.url)
+        try:
+            return await work((create_sessionmaker(engine), client))
+        finally:
+            await client.aclose()
+            await engine.dispose()
+
+    return asyncio.run(main())
+
+
+@app.command()
+def status() -> None:
+    """Counts per status and channel, and the stream's length and pending entries."""
+    from mailroom.delivery.status import message_counts, stream_state
+
+    settings = _settings()
+
+    async def work(clients: Clients) -> None:
+        sessions, client = clients
+        async with sessions() as session:
+            counts = await message_counts(session)
+        state = await stream_state(client, settings.delivery)
+        console = Console()
+        table = Table(title="Channel messages")
+        table.add_column("status")
+        table.add_column("channel")
+        table.add_column("count", justify="right")
+        for message_status, channel, count in counts:
+            table.add_row(message_status, channel, str(count))
+        console.print(table)
+        stream = Table(title=f"Stream {settings.delivery.stream_key}")
+        for column in ("length", "pending", "consumers", "group"):
+            stream.add_column(column, justify="right")
+        stream.add_row(
+            str(state.length),
+            str(state.pending),
+            str(state.consumers),
+            settings.delivery.consumer_group if state.group_exists else "(not created yet)",
+        )
+        console.print(stream)
+
+    _run(settings, work)
+
+
+@app.command()
+def replay(
+    message_id: int = typer.Option(None, "--id", help="Replay this one message."),
+    status: str = typer.Option(
+        None, "--status", help="Replay messages in this status: failed, uncertain, partial_failed."
+    ),
+    limit: int = typer.Option(100, "--limit", min=1, help="Most messages replayed by --status."),
+) -> None:
+    """Put failed / uncertain / partially failed messages back to pending (audit-logged)."""
+    from mailroom.delivery.replay import NotReplayable, replay_messages
+
+    if (message_id is None) == (status is None):
+        raise typer.BadParameter("give exactly one of --id and --status")
+    settings = _settings()
+
+    async def work(clients: Clients) -> list[int]:
+        sessions, client = clients
+        return await replay_messages(
+            sessions=sessions,
+            redis=client,
+            settings=settings.delivery,
+            actor_id=f"cli:{getpass.getuser()}",
+            message_id=message_id,
+            status=status,
+            limit=limit,
+        )
+
+    try:
+        ids = _run(settings, work)
+    except NotReplayable as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    typer.echo(f"replayed {len(ids)} message(s)" + (f": {ids[:50]}" if ids else ""))
+
+
+def notify(
+    text: str = typer.Argument(..., help="The message body."),
+    channel: str = typer.Option(..., "--channel", help="log, webhook, email, …"),
+    to: str = typer.Option(..., "--to", help="The recipient."),
+    account: str = typer.Option("default", "--account"),
+    subject: str = typer.Option(None, "--subject"),
+) -> None:
+    """Send a notification through a channel (created pending, delivered by the workers)."""
+    from mailroom.adapters.channels import UnknownChannel, plugin
+    from mailroom.delivery.producer import create_message, enqueue_messages
+
+    try:
+        plugin(channel)
+    except UnknownChannel as exc:
+        raise typer.BadParameter(str(exc), param_hint="--channel") from exc
+    settings = _settings()
+
+    async def work(clients: Clients) -> int:
+        sessions, client = clients
+        async with transaction(sessions) as session:
+            message_id = await create_message(
+                session,
+                channel=channel,
+                account=account,
+                recipient=to,
+                subject=subject,
+                body=text,
+            )
+        assert message_id is not None  # no dedupe key, so always inserted
+        await enqueue_messages(
+            [message_id], redis=client, sessions=sessions, settings=settings.delivery
+        )
+        return message_id
+
+    typer.echo(f"message {_run(settings, work)} queued")

@@ -1,7 +1,220 @@
-"""`mailroom recognition …`: operator commands for the recognition pipeline."""
+"""`mailroom recognition …`: operator commands for the recognition pipeline.
+
+``status`` shows where jobs and files stand; ``replay`` gives failed attempts
+(dlq / timeout / error) a new attempt, audit-logged with the operator's OS user,
+and nudges the outbox publisher so the new requests go out at once.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import getpass
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from enum import StrEnum
+from typing import TypeVar
+
 import typer
+from rich.console import Console
+from rich.table import Table
+from sqlalchemy import Interval, func, select, type_coerce
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from mailroom.db import create_engine, create_sessionmaker, transaction
+from mailroom.models import FILE_STATUSES, JOB_STATUSES, PIPELINES, RecognitionJob, StoredFile
+from mailroom.recognition.replay import (
+    ReplayedJob,
+    ReplayRefused,
+    replay_job,
+    replay_jobs_by_status,
+)
+from mailroom.settings import Settings
+
+logger = logging.getLogger(__name__)
 
 app = typer.Typer(no_args_is_help=True, help="Operate the recognition pipeline.")
+
+#: Who a replay from this command is recorded as.
+ACTOR_TYPE = "cli"
+
+T = TypeVar("T")
+
+
+class ReplayStatus(StrEnum):
+    dlq = "dlq"
+    timeout = "timeout"
+    error = "error"
+
+
+@dataclass(frozen=True)
+class RecognitionStatus:
+    """Counts for ``status``: jobs per (pipeline, status), files per status."""
+
+    jobs: dict[tuple[str, str], int]
+    files: dict[str, int]
+    #: Jobs published and still waiting for their ack, and how long the oldest has waited.
+    unacked: int
+    oldest_unacked: timedelta | None
+
+
+async def read_status(session: AsyncSession) -> RecognitionStatus:
+    job_rows = await session.execute(
+        select(RecognitionJob.pipeline, RecognitionJob.status, func.count()).group_by(
+            RecognitionJob.pipeline, RecognitionJob.status
+        )
+    )
+    file_rows = await session.execute(
+        select(StoredFile.status, func.count()).group_by(StoredFile.status)
+    )
+    unacked = (
+        await session.execute(
+            select(
+                func.count(),
+                type_coerce(func.now() - func.min(RecognitionJob.published_at), Interval),
+            ).where(RecognitionJob.status == "published")
+        )
+    ).one()
+    return RecognitionStatus(
+        jobs={(pipeline, status): count for pipeline, status, count in job_rows},
+        files={status: count for status, count in file_rows},
+        unacked=unacked[0],
+        oldest_unacked=unacked[1],
+    )
+
+
+def render_status(status: RecognitionStatus, console: Console) -> None:
+    pipelines = _ordered(PIPELINES, {p for p, _ in status.jobs})
+    jobs = Table(title="Recognition jobs (every attempt)")
+    jobs.add_column("status")
+    for pipeline in pipelines:
+        jobs.add_column(pipeline, justify="right")
+    jobs.add_column("total", justify="right")
+    for job_status in _ordered(JOB_STATUSES, {s for _, s in status.jobs}):
+        counts = [status.jobs.get((p, job_status), 0) for p in pipelines]
+        jobs.add_row(job_status, *map(str, counts), str(sum(counts)))
+    console.print(jobs)
+
+    files = Table(title="Files")
+    files.add_column("status")
+    files.add_column("files", justify="right")
+    for file_status in _ordered(FILE_STATUSES, set(status.files)):
+        files.add_row(file_status, str(status.files.get(file_status, 0)))
+    console.print(files)
+
+    if status.oldest_unacked is None:
+        console.print("Published without ack: none")
+    else:
+        console.print(
+            f"Published without ack: {status.unacked}, oldest waiting {_age(status.oldest_unacked)}"
+        )
+
+
+def _ordered(known: tuple[str, ...], seen: set[str]) -> list[str]:
+    return [*known, *sorted(seen - set(known))]
+
+
+def _age(age: timedelta) -> str:
+    seconds = max(0, int(age.total_seconds()))
+    hours, rest = divmod(seconds, 3600)
+    minutes, seconds = divmod(rest, 60)
+    return f"{hours}h {minutes:02d}m {seconds:02d}s" if hours else f"{minutes}m {seconds:02d}s"
+
+
+@app.command()
+def status() -> None:
+    """Job counts per status and pipeline, file counts, the oldest unacked request."""
+    settings = Settings()
+    result = asyncio.run(_with_session(settings, read_status))
+    render_status(result, Console())
+
+
+@app.command()
+def replay(
+    job: str | None = typer.Option(None, "--job", help="Replay this job id."),
+    job_status: ReplayStatus | None = typer.Option(
+        None, "--status", help="Replay current jobs in this status."
+    ),
+    limit: int = typer.Option(100, "--limit", min=1, help="Most jobs replayed by --status."),
+    reason: str = typer.Option("", "--reason", help="Recorded in the audit event."),
+) -> None:
+    """Give a dlq / timeout / error job a new attempt (audit-logged), then nudge the publisher."""
+    if (job is None) == (job_status is None):
+        raise typer.BadParameter("give exactly one of --job or --status")
+    job_id: uuid.UUID | None = None
+    if job is not None:
+        try:
+            job_id = uuid.UUID(job)
+        except ValueError as exc:
+            raise typer.BadParameter(f"{job[:60]!r} is not a job id", param_hint="--job") from exc
+    settings = Settings()
+    actor_id = _os_user()
+
+    async def run_replay(session: AsyncSession) -> list[ReplayedJob]:
+        if job_id is not None:
+            return [
+                await replay_job(
+                    session, job_id, actor_type=ACTOR_TYPE, actor_id=actor_id, reason=reason
+                )
+            ]
+        return await replay_jobs_by_status(
+            session,
+            str(job_status),
+            limit=limit,
+            actor_type=ACTOR_TYPE,
+            actor_id=actor_id,
+            reason=reason,
+        )
+
+    try:
+        replayed = asyncio.run(_with_session(settings, run_replay))
+    except ReplayRefused as exc:
+        typer.echo(f"not replayed: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    if not replayed:
+        typer.echo(f"no current {job_status} jobs to replay")
+        return
+    for item in replayed:
+        typer.echo(
+            f"replayed job {item.old_job_id} ({item.previous_status}) as {item.new_job_id}, "
+            f"attempt {item.attempt}, file {item.file_id}"
+        )
+    typer.echo(f"{len(replayed)} job(s) queued by {ACTOR_TYPE}:{actor_id}")
+    _nudge_publisher()
+
+
+async def _with_session(settings: Settings, work: Callable[[AsyncSession], Awaitable[T]]) -> T:
+    engine = create_engine(settings.database)
+    try:
+        async with transaction(create_sessionmaker(engine)) as session:
+            return await work(session)
+    finally:
+        await engine.dispose()
+
+
+def _os_user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry and no LOGNAME/USER (containers)
+        return "unknown"
+
+
+def _nudge_publisher() -> None:
+    """Send the outbox pass now; the scheduler's sweep catches up if the broker is down."""
+    import dramatiq.errors
+    import redis.exceptions
+
+    from actors.recognition import publish_recognition_requests
+
+    try:
+        publish_recognition_requests.send()
+    except (dramatiq.errors.DramatiqError, redis.exceptions.RedisError, OSError) as exc:
+        typer.echo(
+            f"warning: the outbox publisher was not nudged ({type(exc).__name__}); "
+            "the scheduler's outbox sweep will publish the new jobs",
+            err=True,
+        )
+        return
+    typer.echo("outbox publisher nudged")

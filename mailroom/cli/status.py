@@ -75,7 +75,9 @@ async def _redis_status(settings: Settings) -> dict[str, Any]:
             queues[queue] = {
                 "ready": await client.llen(f"{namespace}:{queue}"),
                 "delayed": await client.llen(f"{namespace}:{queue}.DQ"),
-                "dead": await client.zcard(f"{namespace}:{queue}.XQ"),
+                # A message that failed after a delay is dead-lettered under the delay queue.
+                "dead": await client.zcard(f"{namespace}:{queue}.XQ")
+                + await client.zcard(f"{namespace}:{queue}.DQ.XQ"),
             }
         stream_key = settings.delivery.stream_key
         stream: dict[str, Any] = {"length": await client.xlen(stream_key)}

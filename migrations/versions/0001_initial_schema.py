@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises: 
-Create Date: 2026-11-30 06:55:17.460072
+Create Date: 2026-11-30 07:20:57.107381
 """
 
 from collections.abc import Sequence
@@ -83,6 +83,7 @@ def upgrade() -> None:
     sa.Column('last_attempt_at', sa.DateTime(timezone=True), nullable=True),
     sa.Column('next_retry_at', sa.DateTime(timezone=True), nullable=True),
     sa.Column('finalized_at', sa.DateTime(timezone=True), nullable=True),
+    sa.Column('notified_at', sa.DateTime(timezone=True), nullable=True),
     sa.Column('created_at', sa.DateTime(timezone=True), server_default=sa.text('now()'), nullable=False),
     sa.CheckConstraint("status IN ('received', 'stored', 'failed', 'final')", name=op.f('ck_inbound_mail_status')),
     sa.ForeignKeyConstraint(['cursor_id'], ['mailbox_cursor.id'], name=op.f('fk_inbound_mail_cursor_id_mailbox_cursor')),
@@ -91,6 +92,7 @@ def upgrade() -> None:
     sa.UniqueConstraint('cursor_id', 'uidvalidity', 'uid', name='cursor_uid')
     )
     op.create_index('ix_inbound_mail_message_id_sha256', 'inbound_mail', ['message_id', 'content_sha256'], unique=False)
+    op.create_index('ix_inbound_mail_unnotified', 'inbound_mail', ['finalized_at'], unique=False, postgresql_where=sa.text("status = 'final' AND notified_at IS NULL"))
     op.create_table('stored_file',
     sa.Column('id', sa.Integer(), nullable=False),
     sa.Column('mail_id', sa.Integer(), nullable=True),
@@ -145,7 +147,7 @@ def upgrade() -> None:
     op.create_index('ix_recognition_job_deadline', 'recognition_job', ['reply_deadline'], unique=False, postgresql_where=sa.text("status IN ('published', 'processing')"))
     op.create_index(op.f('ix_recognition_job_file_id'), 'recognition_job', ['file_id'], unique=False)
     op.create_index('ix_recognition_job_outbox', 'recognition_job', ['status', 'published_at'], unique=False, postgresql_where=sa.text("status IN ('queued', 'published')"))
-    op.create_index('ix_recognition_job_unmapped', 'recognition_job', ['finished_at'], unique=False, postgresql_where=sa.text("status IN ('done', 'needs_check') AND mapped_at IS NULL"))
+    op.create_index('ix_recognition_job_unmapped', 'recognition_job', ['finished_at'], unique=False, postgresql_where=sa.text("status IN ('done', 'needs_check', 'error') AND mapped_at IS NULL AND result_msg_id IS NOT NULL"))
     op.create_table('document',
     sa.Column('id', sa.Integer(), nullable=False),
     sa.Column('file_id', sa.Integer(), nullable=False),
@@ -201,13 +203,14 @@ def downgrade() -> None:
     op.drop_table('channel_message')
     op.drop_index(op.f('ix_document_file_id'), table_name='document')
     op.drop_table('document')
-    op.drop_index('ix_recognition_job_unmapped', table_name='recognition_job', postgresql_where=sa.text("status IN ('done', 'needs_check') AND mapped_at IS NULL"))
+    op.drop_index('ix_recognition_job_unmapped', table_name='recognition_job', postgresql_where=sa.text("status IN ('done', 'needs_check', 'error') AND mapped_at IS NULL AND result_msg_id IS NOT NULL"))
     op.drop_index('ix_recognition_job_outbox', table_name='recognition_job', postgresql_where=sa.text("status IN ('queued', 'published')"))
     op.drop_index(op.f('ix_recognition_job_file_id'), table_name='recognition_job')
     op.drop_index('ix_recognition_job_deadline', table_name='recognition_job', postgresql_where=sa.text("status IN ('published', 'processing')"))
     op.drop_table('recognition_job')
     op.drop_index(op.f('ix_stored_file_mail_id'), table_name='stored_file')
     op.drop_table('stored_file')
+    op.drop_index('ix_inbound_mail_unnotified', table_name='inbound_mail', postgresql_where=sa.text("status = 'final' AND notified_at IS NULL"))
     op.drop_index('ix_inbound_mail_message_id_sha256', table_name='inbound_mail')
     op.drop_table('inbound_mail')
     op.drop_table('stored_object')

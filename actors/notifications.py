@@ -1,0 +1,23 @@
+"""Notification actor: final mails → channel messages on the delivery stream."""
+
+from __future__ import annotations
+
+import dramatiq
+
+from actors import queues
+from actors.resources import current
+from actors.retry_policy import RetryPolicy
+from mailroom import notifications
+
+
+@dramatiq.actor(queue_name=queues.MAPPING, retry_policy=RetryPolicy(max_attempts=10))
+async def notify_final_mails() -> None:
+    """Create and enqueue the notifications of mails that became final (DESIGN.md §5, §6)."""
+    resources = current()
+    _, more = await notifications.notify_final_mails(
+        sessions=await resources.sessions(),
+        redis=await resources.redis(),
+        settings=resources.settings.delivery,
+    )
+    if more:
+        notify_final_mails.send()

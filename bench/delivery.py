@@ -1,0 +1,311 @@
+"""Delivery benchmark: end-to-end delivery vs a no-op actor, and the stream bridge vs a bare loop.
+
+Runs on embedded Postgres and Redis (``mailroom.devstack``) with Dramatiq's
+RedisBroker. Workers are ``dramatiq actors`` subprocesses (processes x threads
+1x8 and 2x8, the same command for both measurements):
+
+* no-op drain: a pre-filled queue of ``actors.system.noop`` messages, from the
+  first message consumed to the last acknowledged;
+* delivery: pending ``log`` messages in Postgres with their ids pre-filled on the
+  stream; a ``mailroom bridge stream`` subprocess feeds the workers; from the
+  first message delivered to the last ``delivered`` row;
+* bridge ingest: ``StreamBridge`` against a bare loop of batched XREADGROUP +
+  pipelined XACK + Dramatiq enqueue, both in this process on a pre-filled stream.
+
+Usage: ``uv run python bench/delivery.py [--quick] [--messages N]``. The last two
+lines are ``RESULT delivery ratio=… target=0.6`` and ``RESULT bridge ratio=… target=0.8``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psycopg
+import redis
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from mailroom.devstack import EmbeddedPostgres, EmbeddedRedis  # noqa: E402
+from mailroom.migrate import upgrade  # noqa: E402
+
+#: Longest any one measurement may take before the run is declared stuck, in seconds.
+STUCK_AFTER_S = 300.0
+POLL_S = 0.01
+CONFIGS = ((1, 8), (2, 8))
+#: Messages per measurement of a full run, and of ``--quick`` (which must end within a minute).
+FULL_MESSAGES = 10_000
+QUICK_MESSAGES = 2_000
+
+
+def phases(**seconds: float) -> None:
+    print(
+        "    " + ", ".join(f"{name} {value:.1f} s" for name, value in seconds.items()), flush=True
+    )
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = STUCK_AFTER_S) -> float:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"bench stuck waiting for {what}")
+        time.sleep(POLL_S)
+    return time.perf_counter()
+
+
+class Bench:
+    def __init__(self, state: Path, messages: int) -> None:
+        self.messages = messages
+        self.postgres = EmbeddedPostgres(state / "postgres", fast=True, database="bench").start()
+        self.redis_server = EmbeddedRedis(state / "redis").start()
+        upgrade(self.postgres.url())
+        self.env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("MAILROOM_")},
+            "MAILROOM_DATABASE__URL": self.postgres.url(),
+            "MAILROOM_DATABASE__POOL_SIZE": "10",
+            "MAILROOM_REDIS__URL": self.redis_server.url,
+            "MAILROOM_BROKER__KIND": "redis",
+            "MAILROOM_LOG_LEVEL": "WARNING",
+            "MAILROOM_STATE_DIR": str(state / "mailroom"),
+        }
+        os.environ.update(self.env)  # this process builds the same broker
+        import actors  # noqa: F401  (sets the RedisBroker from the environment)
+        from actors.delivery import deliver_channel_message
+        from actors.system import noop
+
+        self.deliver = deliver_channel_message
+        self.noop = noop
+        self.redis = redis.Redis.from_url(self.redis_server.url)
+        self.db = psycopg.connect(self.postgres.dsn(), autocommit=True)
+
+    def close(self) -> None:
+        import dramatiq
+
+        dramatiq.get_broker().close()
+        self.redis.close()
+        self.db.close()
+        self.redis_server.stop()
+        self.postgres.stop()
+
+    # -- helpers -------------------------------------------------------------------------------
+    def reset(self) -> None:
+        self.redis.flushdb()
+        self.db.execute("TRUNCATE channel_message RESTART IDENTITY CASCADE")
+
+    def spawn(self, args: list[str]) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [sys.executable, *args],
+            env=self.env,
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+    def workers(self, queue: str, processes: int, threads: int) -> subprocess.Popen[bytes]:
+        return self.spawn(
+            [
+                "-m",
+                "dramatiq",
+                "actors",
+                "--queues",
+                queue,
+                "-p",
+                str(processes),
+                "-t",
+                str(threads),
+                "--skip-logging",
+            ]
+        )
+
+    @staticmethod
+    def stop(process: subprocess.Popen[bytes]) -> None:
+        began = time.perf_counter()
+        if process.poll() is None:
+            # The master forwards SIGTERM to its workers; a second one from a group kill
+            # makes Dramatiq's workers hang until killed.
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        if time.perf_counter() - began > 10:
+            phases(slow_stop=time.perf_counter() - began)
+
+    def insert_messages(self, count: int) -> list[int]:
+        rows = self.db.execute(
+            "INSERT INTO channel_message (channel, account, recipient, body, status) "
+            "SELECT 'log', 'default', 'bench', 'hello ' || g, 'pending' "
+            "FROM generate_series(1, %s) AS g RETURNING id",
+            (count,),
+        ).fetchall()
+        return [row[0] for row in rows]
+
+    def fill_stream(self, ids: list[int]) -> None:
+        from mailroom.delivery.contracts import encode_entry
+        from mailroom.settings import DeliverySettings
+
+        key = DeliverySettings().stream_key
+        pipe = self.redis.pipeline(transaction=False)
+        for message_id in ids:
+            pipe.xadd(key, encode_entry(message_id))  # type: ignore[arg-type]
+        pipe.execute()
+
+    def delivered(self) -> int:
+        return int(
+            self.db.execute(
+                "SELECT count(*) FROM channel_message WHERE status = 'delivered'"
+            ).fetchone()[0]  # type: ignore[index]
+        )
+
+    # -- measurements --------------------------------------------------------------------------
+    def noop_drain(self, processes: int, threads: int) -> float:
+        self.reset()
+        n = self.messages
+        began = time.perf_counter()
+        for _ in range(n):
+            self.noop.send()
+        filled = time.perf_counter()
+        key = f"dramatiq:{self.noop.queue_name}.msgs"
+        workers = self.workers(self.noop.queue_name, processes, threads)
+        try:
+            start = wait_for(lambda: self.redis.hlen(key) < n, "the first no-op")
+            end = wait_for(lambda: self.redis.hlen(key) == 0, "the no-op drain")
+        finally:
+            self.stop(workers)
+        phases(fill=filled - began, boot=start - filled, run=end - start)
+        return n / (end - start)
+
+    def delivery(self, processes: int, threads: int) -> float:
+        self.reset()
+        began = time.perf_counter()
+        n = self.messages
+        [probe] = self.insert_messages(1)
+        ids = self.insert_messages(n)
+        workers = self.workers(self.deliver.queue_name, processes, threads)
+        bridge = None
+        try:
+            # Warm-up: the workers are up and connected before the clock starts.
+            for _ in range(processes * threads):
+                self.deliver.send(probe)
+            wait_for(lambda: self.delivered() == 1, "the warm-up delivery", 60)
+            warm = time.perf_counter()
+            self.fill_stream(ids)
+            bridge = self.spawn(["-c", "from mailroom.cli import app; app()", "bridge", "stream"])
+            start = wait_for(lambda: self.delivered() > 1, "the first delivery")
+            end = wait_for(lambda: self.delivered() == n + 1, "all deliveries")
+        finally:
+            if bridge is not None:
+                self.stop(bridge)
+            self.stop(workers)
+        phases(boot=warm - began, bridge_boot=start - warm, run=end - start)
+        return n / (end - start)
+
+    def bare_ingest(self) -> float:
+        from mailroom.settings import DeliverySettings
+
+        settings = DeliverySettings()
+        key, group = settings.stream_key, settings.consumer_group
+        self._prepare_ingest()
+        done = 0
+        start = time.perf_counter()
+        while done < self.messages:
+            reply = self.redis.xreadgroup(group, "bare", {key: ">"}, count=settings.read_count)
+            entries = [entry for _, batch in reply for entry in batch]  # type: ignore[union-attr]
+            for _, fields in entries:
+                self.deliver.send(json.loads(fields[b"payload"])["message_id"])
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.xack(key, group, *[entry_id for entry_id, _ in entries])
+            pipe.execute()
+            done += len(entries)
+        return self.messages / (time.perf_counter() - start)
+
+    def bridge_ingest(self) -> float:
+        from bridges.stream import StreamBridge, create_client
+        from mailroom.settings import DeliverySettings
+
+        settings = DeliverySettings()
+        self._prepare_ingest()
+
+        async def run() -> float:
+            client = create_client(self.redis_server.url, settings)
+            bridge = StreamBridge(client, settings=settings, send=self.deliver.send, consumer="b")
+            await bridge.ensure_group()
+
+            ended: list[float] = []
+
+            async def watch() -> None:
+                while bridge.forwarded < self.messages:
+                    await asyncio.sleep(POLL_S / 10)
+                # The clock stops here: the bridge's last blocking read is idle time.
+                ended.append(time.perf_counter())
+                bridge.stop.set()
+
+            start = time.perf_counter()
+            try:
+                await asyncio.gather(bridge.run(), watch())
+            finally:
+                await client.aclose()
+            return self.messages / (ended[0] - start)
+
+        return asyncio.run(run())
+
+    def _prepare_ingest(self) -> None:
+        from mailroom.settings import DeliverySettings
+
+        settings = DeliverySettings()
+        self.redis.flushdb()
+        self.fill_stream(list(range(1, self.messages + 1)))
+        self.redis.xgroup_create(settings.stream_key, settings.consumer_group, id="0")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="one round, within a minute")
+    parser.add_argument("--messages", type=int, default=None, help="messages per measurement")
+    parser.add_argument("--rounds", type=int, default=1, help="best of this many runs each")
+    args = parser.parse_args()
+    messages = args.messages or (QUICK_MESSAGES if args.quick else FULL_MESSAGES)
+    rounds = args.rounds
+    with tempfile.TemporaryDirectory(prefix="mailroom-bench-") as state:
+        began = time.perf_counter()
+        bench = Bench(Path(state), messages)
+        print(f"services up in {time.perf_counter() - began:.1f} s", flush=True)
+        try:
+            print(f"messages per measurement: {messages}; rounds: {rounds}", flush=True)
+            delivery_ratios = []
+            for processes, threads in CONFIGS:
+                noop = max(bench.noop_drain(processes, threads) for _ in range(rounds))
+                print(f"no-op drain      {processes}x{threads}: {noop:8.0f} msg/s", flush=True)
+                rate = max(bench.delivery(processes, threads) for _ in range(rounds))
+                print(f"delivery e2e     {processes}x{threads}: {rate:8.0f} msg/s", flush=True)
+                delivery_ratios.append(rate / noop)
+            bare = bridge = 0.0
+            for _ in range(rounds):
+                bare = max(bare, bench.bare_ingest())
+                bridge = max(bridge, bench.bridge_ingest())
+            print(f"bare ingest loop:      {bare:8.0f} entries/s", flush=True)
+            print(f"stream bridge ingest:  {bridge:8.0f} entries/s", flush=True)
+        finally:
+            bench.close()
+        print(f"elapsed: {time.perf_counter() - began:.1f} s")
+        for (processes, threads), ratio in zip(CONFIGS, delivery_ratios, strict=True):
+            print(f"delivery/no-op {processes}x{threads}: {ratio:.2f}")
+        print(f"RESULT delivery ratio={min(delivery_ratios):.2f} target=0.6")
+        print(f"RESULT bridge ratio={bridge / bare:.2f} target=0.8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,202 @@
+"""Intake throughput next to a raw IMAP fetch of the same mails, measured in one run.
+
+Starts an embedded Postgres (``mailroom.devstack``) and a pymap server (its
+in-memory dict backend, as a child process), APPENDs small mails with one CSV
+attachment each into a fresh folder, then measures:
+
+- raw: imapclient alone — login, SELECT, ``UID SEARCH``, ``UID FETCH RFC822``
+  in chunks — mails per second;
+- intake: the intake pipeline as the actor runs it (claim, batch under the
+  lease, parse, object store, one fenced transaction per mail) with one batch
+  as large as the folder — mails per second.
+
+Usage: ``uv run python bench/intake.py [--mails N] [--quick]``. The last line is
+``RESULT intake ratio=<intake/raw> target=0.5``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from imapclient import IMAPClient
+
+from mailroom.adapters.imap import ImapMailbox
+from mailroom.adapters.storage import build_store
+from mailroom.db import create_engine, create_sessionmaker
+from mailroom.devstack import EmbeddedPostgres, _wait_for_port, find_binary, free_port
+from mailroom.intake.cursor import utc_now
+from mailroom.intake.poll import IntakeDeps, poll_mailbox
+from mailroom.migrate import upgrade
+from mailroom.settings import (
+    DatabaseSettings,
+    IntakeSettings,
+    MailboxSettings,
+    Settings,
+    StorageSettings,
+)
+
+USER, PASSWORD, FOLDER = "demouser", "demopass", "Bench"
+TARGET = 0.5
+#: Mails per IMAP command, for both the APPEND setup and the FETCH of the baseline.
+CHUNK = 100
+
+
+def make_mail(n: int) -> bytes:
+    csv = f"invoice_number,total\nA-{n},{n}.50\n".encode()
+    return (
+        b"From: Bench <bench@example.com>\r\nTo: intake@example.com\r\n"
+        b"Subject: bench %d\r\nMessage-ID: <bench-%d@example.com>\r\nMIME-Version: 1.0\r\n"
+        b"Content-Type: multipart/mixed; boundary=B\r\n\r\n"
+        b"--B\r\nContent-Type: text/plain\r\n\r\nmail %d\r\n"
+        b'--B\r\nContent-Type: text/csv\r\nContent-Disposition: attachment; filename="inv-%d.csv"'
+        b"\r\n\r\n%b\r\n--B--\r\n"
+    ) % (n, n, n, n, csv)
+
+
+def start_pymap(port: int, log: Path) -> subprocess.Popen[bytes]:
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            [
+                str(find_binary("pymap")),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--no-tls",
+                "dict",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+    _wait_for_port("pymap", port, process, log)  # type: ignore[arg-type]
+    return process
+
+
+def fill_folder(port: int, count: int) -> None:
+    client = IMAPClient("127.0.0.1", port=port, ssl=False, timeout=60)
+    try:
+        client.login(USER, PASSWORD)
+        client.create_folder(FOLDER)
+        for start in range(0, count, CHUNK):
+            client.multiappend(
+                FOLDER, [make_mail(n) for n in range(start, min(count, start + CHUNK))]
+            )
+    finally:
+        client.logout()
+
+
+def raw_fetch(port: int) -> tuple[int, float]:
+    started = time.perf_counter()
+    client = IMAPClient("127.0.0.1", port=port, ssl=False, timeout=60)
+    try:
+        client.login(USER, PASSWORD)
+        client.select_folder(FOLDER)
+        uids = sorted(client.search(["UID", "1:*"]))
+        fetched = 0
+        for start in range(0, len(uids), CHUNK):
+            data = client.fetch(uids[start : start + CHUNK], ["RFC822", "INTERNALDATE"])
+            fetched += sum(1 for item in data.values() if item.get(b"RFC822"))
+    finally:
+        client.logout()
+    return fetched, time.perf_counter() - started
+
+
+async def run_intake(settings: Settings, name: str) -> tuple[int, float]:
+    engine = create_engine(settings.database)
+    try:
+        deps = IntakeDeps(
+            sessions=create_sessionmaker(engine),
+            store=build_store(settings),
+            connect=ImapMailbox,
+            clock=utc_now,
+            nudge=_no_nudge,
+        )
+        started = time.perf_counter()
+        outcome = await poll_mailbox(name, settings=settings.intake, deps=deps)
+        elapsed = time.perf_counter() - started
+    finally:
+        await engine.dispose()
+    if outcome.status != "done" or outcome.result is None:
+        raise SystemExit(f"intake did not finish: {outcome}")
+    return outcome.result.ingested, elapsed
+
+
+async def _no_nudge() -> None:
+    return None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mails", type=int, default=2000)
+    parser.add_argument("--quick", action="store_true", help="fewer mails, done within 60 s")
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        default=Path(".mailroom"),
+        help="where Postgres and the object store live for the run (a fresh folder inside)",
+    )
+    args = parser.parse_args()
+    count = 500 if args.quick else args.mails
+    logging.basicConfig(level=logging.WARNING)
+
+    # NOTE: the state folder, not the system temp dir: on some hosts /tmp is ten times
+    # slower for small files, and the object store writes two per mail.
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix="bench-intake-", dir=args.workdir)).resolve()
+    postgres = EmbeddedPostgres(workdir / "postgres", fast=True, database="bench")
+    pymap: subprocess.Popen[bytes] | None = None
+    try:
+        postgres.start()
+        upgrade(postgres.url())
+        port = free_port()
+        pymap = start_pymap(port, workdir / "pymap.log")
+        started = time.perf_counter()
+        fill_folder(port, count)
+        print(f"setup: {count} mails appended in {time.perf_counter() - started:.1f} s")
+
+        fetched, raw_s = raw_fetch(port)
+        raw_rate = fetched / raw_s
+        print(f"raw imapclient fetch: {fetched} mails in {raw_s:.2f} s = {raw_rate:.0f} mails/s")
+
+        mailbox = MailboxSettings(
+            name="bench",
+            port=port,
+            username=USER,
+            folder=FOLDER,
+            batch_size=count + 10,
+            idle=False,
+            timeout_s=60,
+        )
+        settings = Settings(
+            state_dir=workdir,
+            database=DatabaseSettings(url=postgres.url(), pool_size=4),
+            storage=StorageSettings(kind="filesystem"),
+            intake=IntakeSettings(mailboxes=[mailbox], fetch_chunk=CHUNK),
+        )
+        ingested, intake_s = asyncio.run(run_intake(settings, "bench"))
+        intake_rate = ingested / intake_s
+        print(f"intake pipeline: {ingested} mails in {intake_s:.2f} s = {intake_rate:.0f} mails/s")
+        if ingested != fetched:
+            print(f"warning: intake stored {ingested} of {fetched} mails")
+        ratio = intake_rate / raw_rate
+        print(f"RESULT intake ratio={ratio:.2f} target={TARGET}")
+        return 0
+    finally:
+        if pymap is not None:
+            pymap.terminate()
+            pymap.wait(10)
+        postgres.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

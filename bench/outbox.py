@@ -1,0 +1,415 @@
+"""Recognition benchmark: the outbox publisher vs a one-job relay, the inbox vs a no-op actor.
+
+Runs on embedded Postgres, NATS and Redis (``mailroom.devstack``, Postgres with
+fsync off for both sides alike), migrated fresh:
+
+* outbox: 20,000 queued jobs (never fewer). (a) a one-job-per-transaction relay
+  (claim one row with SKIP LOCKED, publish on core NATS, flush, update, commit),
+  time-boxed, then all rows reset to queued; (b) Mailroom's
+  ``publish_recognition_requests`` passes (core NATS) until every job is published.
+* inbox: N ``done`` results pre-loaded into JetStream; a ``mailroom bridge nats``
+  subprocess feeds an in-process ``dramatiq.Worker`` (RedisBroker, 1 process x
+  8 threads) running ``apply_recognition_message`` against Postgres; rate from
+  the first applied message to the last. Baseline: the same Worker settings
+  draining N ``actors.system.noop`` messages from the same RedisBroker.
+
+``--prefill`` lets the bridge enqueue every result before the worker starts, to
+see the actor's own rate. Usage: ``uv run python bench/outbox.py [--quick]
+[--jobs N] [--results N] [--prefill]``. The
+last two lines are ``RESULT outbox ratio=… target=10`` and ``RESULT inbox ratio=… target=0.5``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from mailroom.devstack import EmbeddedNats, EmbeddedPostgres, EmbeddedRedis  # noqa: E402
+from mailroom.migrate import upgrade  # noqa: E402
+
+#: The outbox part never runs on fewer queued jobs than this.
+MIN_JOBS = 20_000
+STUCK_AFTER_S = 300.0
+WORKER_THREADS = 8
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = STUCK_AFTER_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"bench stuck waiting for {what}")
+        time.sleep(0.01)
+
+
+def insert_jobs(dsn: str, count: int) -> None:
+    """One mail, one shared stored object, ``count`` files each with a queued job (set-based)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO mailbox_cursor (mailbox, folder) VALUES ('bench', 'INBOX')")
+        conn.execute(
+            "INSERT INTO inbound_mail (cursor_id, uidvalidity, uid, status) "
+            "SELECT id, 1, 1, 'stored' FROM mailbox_cursor"
+        )
+        conn.execute(
+            "INSERT INTO stored_object (bucket_role, bucket, key, created_by) "
+            "VALUES ('incoming', 'mailroom-incoming', 'bench/file.csv', 'bench')"
+        )
+        conn.execute(
+            """
+            INSERT INTO stored_file (mail_id, object_id, original_name, file_type, status)
+            SELECT (SELECT id FROM inbound_mail), (SELECT id FROM stored_object),
+                   'file-' || n || '.csv', 'csv', 'UPLOADED'
+              FROM generate_series(1, %s) AS n
+            """,
+            (count,),
+        )
+        conn.execute(
+            """
+            INSERT INTO recognition_job (id, file_id, pipeline, status, attempt, request_msg_id)
+            SELECT u.id, u.file_id, 'tabular', 'queued', 1, u.id || ':1:request'
+              FROM (SELECT gen_random_uuid() AS id, id AS file_id FROM stored_file) AS u
+            """
+        )
+        conn.execute(
+            "UPDATE stored_file AS f SET current_recognition_job_id = j.id "
+            "FROM recognition_job AS j WHERE j.file_id = f.id"
+        )
+        conn.execute("ANALYZE")
+
+
+def reset_jobs(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE recognition_job SET status = 'queued', published_at = NULL, "
+            "reply_deadline = NULL, request_subject = NULL"
+        )
+        conn.execute("VACUUM ANALYZE recognition_job")
+
+
+_RELAY_CLAIM = """
+    SELECT j.id, j.file_id, j.pipeline, j.attempt, f.original_name, f.file_type, o.bucket, o.key
+      FROM recognition_job AS j
+      JOIN stored_file AS f ON f.id = j.file_id
+      LEFT JOIN stored_object AS o ON o.id = f.object_id
+     WHERE j.status = 'queued'
+     LIMIT 1
+       FOR UPDATE OF j SKIP LOCKED
+"""
+
+
+async def relay(settings: Any, seconds: float) -> tuple[int, float]:
+    """The baseline: one job per transaction, one publish + flush each; (jobs, elapsed)."""
+    import nats as nats_py
+    from sqlalchemy import text
+
+    from mailroom.db import create_engine, create_sessionmaker
+    from mailroom.recognition.contracts import RecognitionRequest, dump
+
+    engine = create_engine(settings.database)
+    sessions = create_sessionmaker(engine)
+    nc = await nats_py.connect(settings.nats.url)
+    subject = settings.nats.subject(settings.nats.tabular_subject)
+    done = 0
+    started = time.perf_counter()
+    try:
+        while time.perf_counter() - started < seconds:
+            async with sessions() as session, session.begin():
+                row = (await session.execute(text(_RELAY_CLAIM))).one_or_none()
+                if row is None:
+                    break
+                now = datetime.now(UTC)
+                deadline = now + timedelta(seconds=300)
+                request = RecognitionRequest(
+                    job_id=row.id,
+                    file_id=row.file_id,
+                    pipeline=row.pipeline,
+                    file_type=row.file_type,
+                    original_name=row.original_name,
+                    s3={"bucket": row.bucket, "key": row.key},
+                    reply_deadline=deadline,
+                    attempt=row.attempt,
+                )
+                msg_id = f"{row.id}:{row.attempt}:request"
+                await nc.publish(subject, dump(request), headers={"Nats-Msg-Id": msg_id})
+                await nc.flush()
+                await session.execute(
+                    text(
+                        "UPDATE recognition_job SET status = 'published', published_at = :now, "
+                        "reply_deadline = :deadline, request_msg_id = :msg_id, "
+                        "request_subject = :subject WHERE id = :id"
+                    ),
+                    {
+                        "now": now,
+                        "deadline": deadline,
+                        "msg_id": msg_id,
+                        "subject": subject,
+                        "id": row.id,
+                    },
+                )
+            done += 1
+        return done, time.perf_counter() - started
+    finally:
+        await nc.close()
+        await engine.dispose()
+
+
+async def mailroom_publisher(settings: Any) -> tuple[int, float]:
+    """Mailroom's outbox passes until nothing is left; (jobs, elapsed)."""
+    from mailroom.adapters.nats import NatsClient
+    from mailroom.db import create_engine, create_sessionmaker
+    from mailroom.recognition.outbox import publish_recognition_requests
+
+    engine = create_engine(settings.database)
+    sessions = create_sessionmaker(engine)
+    client = NatsClient(settings.nats)
+    await client.connect()
+    done = 0
+    started = time.perf_counter()
+    try:
+        while True:
+            outcome = await publish_recognition_requests(
+                sessions, client, nats=settings.nats, recognition=settings.recognition
+            )
+            if outcome.error:
+                raise SystemExit(f"publish failed: {outcome.error}")
+            done += len(outcome.published)
+            if not outcome.claimed:
+                break
+        return done, time.perf_counter() - started
+    finally:
+        await client.close()
+        await engine.dispose()
+
+
+async def preload_results(settings: Any, dsn: str, count: int) -> None:
+    """``count`` done results for published jobs, stored in JetStream before the bridge starts."""
+    from mailroom.adapters.nats import NatsClient, OutgoingMessage
+
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            "SELECT id, file_id FROM recognition_job WHERE status = 'published' ORDER BY id LIMIT %s",
+            (count,),
+        ).fetchall()
+    client = NatsClient(settings.nats)
+    await client.connect()
+    subject = settings.nats.subject(settings.nats.results_subject)
+    try:
+        messages = [
+            OutgoingMessage(
+                subject=subject,
+                msg_id=f"{job_id}:1:result",
+                data=json.dumps(
+                    {
+                        "schema_version": "1.0",
+                        "job_id": str(job_id),
+                        "file_id": file_id,
+                        "status": "done",
+                        "service": {"name": "bench", "version": "1"},
+                        "result_s3": {"bucket": "mailroom-results", "key": f"r/{job_id}.json"},
+                        "result_schema_version": "1.0",
+                        "metrics": {"fields_total": 3, "fields_low_confidence": 0},
+                    }
+                ).encode(),
+            )
+            for job_id, file_id in rows
+        ]
+        for start in range(0, len(messages), 1_000):
+            results = await client.publish_batch(messages[start : start + 1_000])
+            failed = [r for r in results if isinstance(r, Exception)]
+            if failed:
+                raise SystemExit(f"preloading results failed: {failed[0]}")
+    finally:
+        await client.close()
+
+
+class Timing:
+    """Dramatiq middleware recording when each message of one actor finished."""
+
+    def __init__(self, actor_name: str) -> None:
+        self.actor_name = actor_name
+        self.finished: list[float] = []
+        self.failed = 0
+        self.lock = threading.Lock()
+
+    def as_middleware(self) -> Any:
+        import dramatiq
+
+        timing = self
+
+        class _Timing(dramatiq.Middleware):
+            def after_process_message(self, broker, message, *, result=None, exception=None):  # type: ignore[no-untyped-def]
+                if message.actor_name != timing.actor_name:
+                    return
+                with timing.lock:
+                    timing.finished.append(time.perf_counter())
+                    timing.failed += exception is not None
+
+        return _Timing()
+
+    def rate(self) -> float:
+        if len(self.finished) < 2:
+            return 0.0
+        return (len(self.finished) - 1) / (self.finished[-1] - self.finished[0])
+
+
+def drain_noop(broker: Any, count: int) -> float:
+    import dramatiq
+
+    from actors.system import noop
+
+    timing = Timing("noop")
+    broker.add_middleware(timing.as_middleware())
+    for _ in range(count):
+        noop.send()
+    worker = dramatiq.Worker(broker, queues={"system"}, worker_threads=WORKER_THREADS)
+    worker.start()
+    try:
+        wait_for(lambda: len(timing.finished) >= count, "no-op drain")
+    finally:
+        worker.stop()
+    return timing.rate()
+
+
+def run_inbox(
+    broker: Any, count: int, env: dict[str, str], dsn: str, *, prefill: bool
+) -> tuple[float, int]:
+    import dramatiq
+
+    timing = Timing("apply_recognition_message")
+    broker.add_middleware(timing.as_middleware())
+    worker = dramatiq.Worker(broker, queues={"inbox"}, worker_threads=WORKER_THREADS)
+    code = (
+        "import sys; from mailroom.cli import app; sys.argv = ['mailroom', 'bridge', 'nats']; app()"
+    )
+    bridge = subprocess.Popen(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    if prefill:  # measure the actor alone: the bridge fills the queue before the worker starts
+        t0 = time.perf_counter()
+        wait_for(lambda: broker.client.hlen("dramatiq:inbox.msgs") >= count, "bridge prefill")
+        print(f"bridge enqueued {count} in {time.perf_counter() - t0:.2f}s (incl. startup)")
+    worker.start()
+    try:
+        wait_for(lambda: len(timing.finished) >= count, "inbox results applied")
+    finally:
+        bridge.send_signal(signal.SIGTERM)
+        bridge.wait(30)
+        worker.stop()
+    with psycopg.connect(dsn) as conn:
+        applied = conn.execute(
+            "SELECT count(*) FROM recognition_job WHERE status = 'done'"
+        ).fetchone()
+    return timing.rate(), int(applied[0]) if applied else 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="finish within a minute")
+    parser.add_argument("--jobs", type=int, default=MIN_JOBS)
+    parser.add_argument(
+        "--results", type=int, default=0, help="inbox results (default 3000 quick, 10000)"
+    )
+    parser.add_argument(
+        "--prefill", action="store_true", help="inbox: let the bridge enqueue everything first"
+    )
+    args = parser.parse_args()
+    jobs = max(args.jobs, MIN_JOBS)
+    results = args.results or (3_000 if args.quick else 10_000)
+    relay_seconds = 4.0 if args.quick else 15.0
+
+    with tempfile.TemporaryDirectory(prefix="mailroom-bench-") as tmp:
+        state = Path(tmp)
+        postgres = EmbeddedPostgres(state / "postgres", fast=True, database="bench").start()
+        nats_server = EmbeddedNats(state / "nats").start()
+        redis_server = EmbeddedRedis(state / "redis").start()
+        try:
+            upgrade(postgres.url())
+            dsn = postgres.dsn()
+            env = {k: v for k, v in os.environ.items() if not k.startswith("MAILROOM_")}
+            env.update(
+                {
+                    "MAILROOM_STATE_DIR": str(state),
+                    "MAILROOM_LOG_LEVEL": "WARNING",
+                    "MAILROOM_DATABASE__URL": postgres.url(),
+                    "MAILROOM_DATABASE__POOL_SIZE": "10",
+                    "MAILROOM_REDIS__URL": redis_server.url,
+                    "MAILROOM_BROKER__KIND": "redis",
+                    "MAILROOM_NATS__URL": nats_server.url,
+                    "MAILROOM_NATS__JETSTREAM": "false",
+                    "MAILROOM_NATS__STREAM_NAME": "BENCH",
+                    "MAILROOM_NATS__INBOX_DURABLE": "bench-inbox",
+                }
+            )
+            os.environ.update(env)
+            from mailroom.settings import Settings
+
+            settings = Settings()
+            t0 = time.perf_counter()
+            insert_jobs(dsn, jobs)
+            print(f"inserted {jobs} queued jobs in {time.perf_counter() - t0:.1f}s")
+
+            relayed, relay_s = asyncio.run(relay(settings, relay_seconds))
+            relay_rate = relayed / relay_s
+            print(
+                f"relay: {relayed} jobs in {relay_s:.2f}s = {relay_rate:.0f} jobs/s (one per transaction)"
+            )
+            reset_jobs(dsn)
+            published, ours_s = asyncio.run(mailroom_publisher(settings))
+            ours_rate = published / ours_s
+            print(
+                f"mailroom publisher: {published} jobs in {ours_s:.2f}s = {ours_rate:.0f} jobs/s "
+                f"(batch {settings.recognition.publish_batch_size})"
+            )
+            if published != jobs:
+                raise SystemExit(f"publisher published {published} of {jobs}")
+
+            # Inbox: results go through JetStream so they can be pre-loaded before the bridge starts.
+            env["MAILROOM_NATS__JETSTREAM"] = "true"
+            os.environ.update(env)
+            settings = Settings()
+            asyncio.run(preload_results(settings, dsn, results))
+            import dramatiq
+
+            import actors  # noqa: F401  (builds the RedisBroker from the environment above)
+
+            broker = dramatiq.get_broker()
+            noop_rate = drain_noop(broker, results)
+            print(
+                f"no-op actor drain: {noop_rate:.0f} msg/s ({WORKER_THREADS} threads, RedisBroker)"
+            )
+            inbox_rate, applied = run_inbox(broker, results, env, dsn, prefill=args.prefill)
+            print(
+                f"inbox (bridge -> actor -> Postgres): {inbox_rate:.0f} results/s, "
+                f"{applied} of {results} applied"
+            )
+            print(f"RESULT outbox ratio={ours_rate / relay_rate:.2f} target=10")
+            print(f"RESULT inbox ratio={inbox_rate / noop_rate:.2f} target=0.5")
+        finally:
+            redis_server.stop()
+            nats_server.stop()
+            postgres.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

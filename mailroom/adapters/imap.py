@@ -1,0 +1,323 @@
+"""IMAP: the ``Mailbox`` port intake reads, met by imapclient and an in-memory fake.
+
+imapclient is blocking, so every call runs in a thread (``asyncio.to_thread``);
+vendor errors stop here and leave as ``MailboxUnavailable`` (retryable: the
+connection dropped or timed out), ``MailboxLoginRejected`` (permanent: bad
+credentials) or ``MailboxCommandFailed`` (the server said NO or BAD).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import imaplib
+import logging
+import ssl
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Protocol, TypeVar
+
+from imapclient import IMAPClient
+from imapclient.exceptions import LoginError
+
+from mailroom.errors import PermanentError, RetryableError
+from mailroom.settings import MailboxSettings
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: How long ``close()`` waits for a call still running in its thread, in seconds.
+CLOSE_WAIT_S = 5.0
+
+
+class MailboxUnavailable(RetryableError):
+    """The IMAP server could not be reached, or the connection dropped or timed out."""
+
+
+class MailboxLoginRejected(PermanentError):
+    """The IMAP server refused the login (wrong credentials or account disabled)."""
+
+
+class MailboxCommandFailed(RetryableError):
+    """The IMAP server answered NO or BAD to a command."""
+
+
+@dataclass(frozen=True)
+class FetchedMail:
+    """One message as fetched: its UID, raw RFC 822 bytes and INTERNALDATE."""
+
+    uid: int
+    raw: bytes
+    internal_date: datetime | None
+
+
+class Mailbox(Protocol):
+    """What intake needs from one IMAP folder connection."""
+
+    async def connect(self) -> None: ...
+
+    async def check_health(self) -> None: ...
+
+    async def select(self, folder: str) -> int:
+        """Select ``folder`` and return its UIDVALIDITY."""
+        ...
+
+    async def uids_above(self, uid: int) -> list[int]:
+        """Every UID greater than ``uid``, ascending."""
+        ...
+
+    async def fetch(self, uids: list[int]) -> list[FetchedMail]:
+        """The messages of ``uids`` that still exist, in UID order."""
+        ...
+
+    async def idle(self, timeout_s: float) -> bool:
+        """Wait for new mail up to ``timeout_s``; True when the server announced some."""
+        ...
+
+    async def close(self) -> None:
+        """Log out; never raises (a failure is logged)."""
+        ...
+
+
+MailboxFactory = Callable[[MailboxSettings], Mailbox]
+
+
+def filter_uids_above(uids: list[int], uid: int) -> list[int]:
+    """UIDs strictly above ``uid``, ascending.
+
+    ``UID SEARCH N:*`` always matches the highest message, even when its UID is
+    below N (RFC 3501: ``*`` is the largest UID in use), so results are filtered.
+    """
+    return sorted(u for u in set(uids) if u > uid)
+
+
+@contextmanager
+def _translate_errors(what: str) -> Iterator[None]:
+    try:
+        yield
+    except LoginError as exc:
+        raise MailboxLoginRejected(f"{what}: {_short(exc)}") from exc
+    except imaplib.IMAP4.abort as exc:
+        raise MailboxUnavailable(f"{what}: {_short(exc)}") from exc
+    except imaplib.IMAP4.error as exc:
+        raise MailboxCommandFailed(f"{what}: {_short(exc)}") from exc
+    except (OSError, EOFError) as exc:  # socket errors, timeouts, TLS failures
+        raise MailboxUnavailable(f"{what}: {type(exc).__name__}: {_short(exc)}") from exc
+
+
+def _short(exc: BaseException) -> str:
+    return repr(str(exc)[:200])
+
+
+class ImapMailbox:
+    """One imapclient connection, each blocking call run in a thread."""
+
+    def __init__(self, settings: MailboxSettings) -> None:
+        self.settings = settings
+        self._client: IMAPClient | None = None
+        # Set when the thread of the running call returns; close() waits for it.
+        self._idle_call: threading.Event = threading.Event()
+        self._idle_call.set()
+
+    async def _call(self, what: str, fn: Callable[..., T], *args: Any) -> T:
+        done = threading.Event()
+        self._idle_call = done
+
+        def run() -> T:
+            try:
+                return fn(*args)
+            finally:
+                done.set()
+
+        with _translate_errors(what):
+            return await asyncio.to_thread(run)
+
+    def _require(self) -> IMAPClient:
+        if self._client is None:
+            raise MailboxUnavailable("not connected")
+        return self._client
+
+    def _ssl_context(self) -> ssl.SSLContext:
+        cafile = str(self.settings.ca_file) if self.settings.ca_file else None
+        return ssl.create_default_context(cafile=cafile)
+
+    def _connect(self) -> IMAPClient:
+        s = self.settings
+        context = self._ssl_context() if s.security != "plain" else None
+        client = IMAPClient(
+            s.host,
+            port=s.port,
+            ssl=s.security == "ssl",
+            ssl_context=context,
+            timeout=s.timeout_s,
+        )
+        # Keep the connection even if STARTTLS or LOGIN fails, so close() can end it.
+        self._client = client
+        client.normalise_times = False  # aware datetimes, not local naive ones
+        if s.security == "starttls":
+            client.starttls(context)
+        client.login(s.username, s.password.get_secret_value())
+        return client
+
+    async def connect(self) -> None:
+        await self._call(f"connect {self.settings.name}", self._connect)
+
+    async def check_health(self) -> None:
+        await self._call("NOOP", self._require().noop)
+
+    async def select(self, folder: str) -> int:
+        info = await self._call(f"SELECT {folder!r}", self._require().select_folder, folder)
+        try:
+            return int(info[b"UIDVALIDITY"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise MailboxCommandFailed(f"SELECT {folder!r}: no UIDVALIDITY") from exc
+
+    async def uids_above(self, uid: int) -> list[int]:
+        found = await self._call("UID SEARCH", self._require().search, ["UID", f"{uid + 1}:*"])
+        return filter_uids_above([int(u) for u in found], uid)
+
+    async def fetch(self, uids: list[int]) -> list[FetchedMail]:
+        if not uids:
+            return []
+        data = await self._call(
+            "UID FETCH", self._require().fetch, uids, ["RFC822", "INTERNALDATE"]
+        )
+        mails = []
+        for uid in sorted(data):
+            item = data[uid]
+            raw = item.get(b"RFC822")
+            if raw is None:  # expunged between SEARCH and FETCH
+                continue
+            mails.append(FetchedMail(int(uid), bytes(raw), _aware(item.get(b"INTERNALDATE"))))
+        return mails
+
+    def _idle(self, timeout_s: float) -> bool:
+        client = self._require()
+        if not client.has_capability("IDLE"):
+            return False  # the next scheduled poll looks again
+        client.idle()
+        try:
+            responses = client.idle_check(timeout=timeout_s)
+        finally:
+            client.idle_done()
+        return any(isinstance(r, tuple) and b"EXISTS" in r for r in responses)
+
+    async def idle(self, timeout_s: float) -> bool:
+        return await self._call("IDLE", self._idle, timeout_s)
+
+    async def close(self) -> None:
+        client, self._client = self._client, None
+        if client is None:
+            return
+        if not self._idle_call.is_set():
+            # A call was cancelled while its thread still runs (IDLE, a slow FETCH):
+            # closing the socket wakes it, and we wait so the thread ends before us.
+            await asyncio.to_thread(_shutdown_quietly, client)
+            await asyncio.to_thread(self._idle_call.wait, CLOSE_WAIT_S)
+            return
+        try:
+            with _translate_errors("LOGOUT"):
+                await asyncio.to_thread(client.logout)
+        except RetryableError as exc:
+            logger.warning("IMAP logout of %s failed: %s", self.settings.name, exc)
+            await asyncio.to_thread(_shutdown_quietly, client)
+
+
+def _shutdown_quietly(client: IMAPClient) -> None:
+    try:
+        client.shutdown()
+    except (OSError, imaplib.IMAP4.error) as exc:
+        logger.debug("IMAP socket shutdown failed: %r", exc)
+
+
+def _aware(value: object) -> datetime | None:
+    if not isinstance(value, datetime):
+        return None
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+@dataclass
+class MemoryFolder:
+    uidvalidity: int
+    messages: dict[int, FetchedMail]
+    next_uid: int = 1
+
+
+class InMemoryMailbox:
+    """A fake ``Mailbox`` over a shared dict of folders, with switches for failures.
+
+    Unit tests share one ``MemoryServer`` between the factory's mailboxes, append
+    to it, and flip ``down`` or ``fail_fetch``.
+    """
+
+    def __init__(self, server: MemoryServer, settings: MailboxSettings) -> None:
+        self.server = server
+        self.settings = settings
+        self._folder: MemoryFolder | None = None
+        self.connected = False
+
+    async def connect(self) -> None:
+        if self.server.down:
+            raise MailboxUnavailable("connection refused")
+        if self.settings.password.get_secret_value() != self.server.password:
+            raise MailboxLoginRejected("[AUTHENTICATIONFAILED] Invalid credentials")
+        self.connected = True
+        self.server.connections += 1
+
+    async def check_health(self) -> None:
+        if not self.connected or self.server.down:
+            raise MailboxUnavailable("connection lost")
+
+    async def select(self, folder: str) -> int:
+        if folder not in self.server.folders:
+            raise MailboxCommandFailed(f"SELECT {folder!r}: no such folder")
+        self._folder = self.server.folders[folder]
+        return self._folder.uidvalidity
+
+    async def uids_above(self, uid: int) -> list[int]:
+        assert self._folder is not None
+        found = [u for u in self._folder.messages if u > uid]
+        if not found and self._folder.messages:
+            found = [max(self._folder.messages)]  # the real servers' ``N:*`` quirk
+        return filter_uids_above(found, uid)
+
+    async def fetch(self, uids: list[int]) -> list[FetchedMail]:
+        assert self._folder is not None
+        if self.server.fail_fetch:
+            raise MailboxUnavailable("connection reset during FETCH")
+        return [self._folder.messages[u] for u in sorted(uids) if u in self._folder.messages]
+
+    async def idle(self, timeout_s: float) -> bool:
+        self.server.idle_calls += 1
+        return False
+
+    async def close(self) -> None:
+        self.connected = False
+
+
+class MemoryServer:
+    """Folders of the fake IMAP server, keyed by name."""
+
+    def __init__(self, *, password: str = "demopass") -> None:
+        self.password = password
+        self.folders: dict[str, MemoryFolder] = {}
+        self.down = False
+        self.fail_fetch = False
+        self.connections = 0
+        self.idle_calls = 0
+
+    def create_folder(self, name: str, *, uidvalidity: int = 1, first_uid: int = 1) -> None:
+        self.folders[name] = MemoryFolder(uidvalidity, {}, first_uid)
+
+    def append(self, folder: str, raw: bytes, internal_date: datetime | None = None) -> int:
+        box = self.folders[folder]
+        uid = box.next_uid
+        box.next_uid += 1
+        box.messages[uid] = FetchedMail(uid, raw, internal_date or datetime.now(UTC))
+        return uid
+
+    def factory(self) -> MailboxFactory:
+        return lambda settings: InMemoryMailbox(self, settings)

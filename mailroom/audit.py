@@ -1,0 +1,38 @@
+"""Audit events: who did what to which record."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from mailroom.db import create_engine, create_sessionmaker, transaction
+from mailroom.models import AuditEvent
+from mailroom.settings import Settings
+
+
+def add_audit_event(
+    session: AsyncSession,
+    *,
+    actor_type: str,
+    actor_id: str,
+    action: str,
+    target: str,
+    detail: dict[str, Any] | None = None,
+) -> AuditEvent:
+    """Add an event to the caller's transaction."""
+    event = AuditEvent(
+        actor_type=actor_type, actor_id=actor_id, action=action, target=target, detail=detail or {}
+    )
+    session.add(event)
+    return event
+
+
+async def record_audit_event(settings: Settings, **event: Any) -> None:
+    """Record one event in its own transaction (operator commands outside a pipeline)."""
+    engine = create_engine(settings.database)
+    try:
+        async with transaction(create_sessionmaker(engine)) as session:
+            add_audit_event(session, **event)
+    finally:
+        await engine.dispose()

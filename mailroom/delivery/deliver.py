@@ -1,0 +1,379 @@
+"""``deliver_channel_message``: one message through its channel (DESIGN.md §6, steps 1-5).
+
+1. Settled already (Redis delivered-key, or a final status in Postgres) → done.
+2. Processing lock ``SET NX PX`` (owner ``{host-pid, started_at}``), renewed every
+   TTL/3 while sending; a failed renewal abandons the send.
+3. ``attempts + 1`` committed before sending; past the maximum → failure.
+4. Send the unsent chunks through the channel's middleware chain, recording each.
+5. Settle: delivered, failed / partial_failed, or pending again with ``next_retry_at``
+   (``DeliveryDeferred`` tells Dramatiq when to retry).
+
+Every write after the claim is fenced on ``attempts``: an attempt whose lock
+lapsed and was taken over changes nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from enum import StrEnum
+from functools import cached_property
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
+
+from mailroom.adapters.redis import DeliveryRedis, describe_holder
+from mailroom.db import transaction
+from mailroom.delivery import metrics
+from mailroom.delivery.chunks import FAILED, SENT, ChunkPlan
+from mailroom.delivery.locks import LockOwner, process_owner, run_under_lease
+from mailroom.delivery.ports import Envelope, Outbound, Send
+from mailroom.delivery.producer import utcnow
+from mailroom.delivery.statements import (
+    CLAIM,
+    UNCERTAIN_ERROR,
+    fenced_update,
+    stale_recovered_event,
+)
+from mailroom.errors import LeaseLost, PermanentError, RateLimited, RetryableError
+from mailroom.models import FINAL_MESSAGE_STATUSES, ChannelMessage
+from mailroom.settings import DeliverySettings
+
+logger = logging.getLogger(__name__)
+
+#: A retry may arrive this early before ``next_retry_at`` and still count as due, in seconds.
+DUE_SLACK_S = 1.0
+#: Longest error text stored in ``last_error``.
+MAX_ERROR_CHARS = 500
+
+
+class DeliveryDeferred(RetryableError):
+    """The message is due again later; retry it after ``retry_after_ms``."""
+
+    def __init__(self, message: str | None = None, *, retry_after_ms: int) -> None:
+        super().__init__(message)
+        #: When to run again, read by the retry-policy middleware, in milliseconds.
+        self.retry_after_ms = retry_after_ms
+
+
+class Outcome(StrEnum):
+    DELIVERED = "delivered"
+    SETTLED = "settled"  # delivered or failed earlier: nothing to do
+    HELD = "held"  # another attempt holds the lock
+    MISSING = "missing"
+    NOT_DUE = "not_due"  # pending with a later next_retry_at: its own retry is on the way
+    FAILED = "failed"
+    PARTIAL_FAILED = "partial_failed"
+    UNCERTAIN = "uncertain"
+    LEASE_LOST = "lease_lost"
+
+
+@dataclass
+class _Claim:
+    id: int
+    channel: str
+    account: str
+    recipient: str
+    subject: str | None
+    body: str
+    attempts: int
+    chunks: dict[str, Any]
+    last_error: str | None
+    previous_status: str
+    #: The attempt's autocommit connection.
+    connection: AsyncConnection = field(repr=False)
+
+
+@dataclass
+class Deliverer:
+    """Delivers channel messages; collaborators are injected, nothing global."""
+
+    sessions: async_sessionmaker[AsyncSession]
+    redis: DeliveryRedis
+    outbound: Outbound
+    settings: DeliverySettings
+    owner: LockOwner = field(default_factory=process_owner)
+    clock: Callable[[], datetime] = utcnow
+    rng: random.Random = field(default_factory=random.Random)
+
+    async def deliver(self, message_id: int) -> Outcome:
+        """Deliver ``message_id``; raises ``DeliveryDeferred`` when it should run again later."""
+        if not self.owner.enter(message_id):
+            logger.debug("Message %s is being delivered by this process already", message_id)
+            return Outcome.HELD
+        try:
+            return await self._deliver(message_id)
+        finally:
+            self.owner.leave(message_id)
+
+    async def _deliver(self, message_id: int) -> Outcome:
+        token, ttl_ms = self.owner.token, self.settings.lock_ttl_ms
+        lock = await self.redis.acquire_lock(message_id, token=token, ttl_ms=ttl_ms)
+        if lock.state == "delivered":
+            return Outcome.SETTLED
+        if not lock.ours:
+            logger.info(
+                "Message %s is locked by %s; leaving it", message_id, describe_holder(lock.holder)
+            )
+            return Outcome.HELD
+        # One pooled connection per attempt, in autocommit: no transaction stays open while
+        # sending, and the pool's pre-ping runs once per message rather than per statement.
+        async with contextlib.AsyncExitStack() as stack:
+            try:
+                connection = await stack.enter_async_context(self._autocommit.connect())
+                claim = await self._claim(connection, message_id)
+            except BaseException:
+                # Nothing was sent: let the next attempt in at once. A failing release must not
+                # replace the error that got us here.
+                try:
+                    await self._release(message_id)
+                except Exception:
+                    logger.warning("Releasing the lock of message %s failed", message_id)
+                raise
+            if isinstance(claim, Outcome):
+                await self._release(message_id, settled=claim == Outcome.SETTLED)
+                return claim
+            return await self._attempt(claim)
+
+    async def _attempt(self, claim: _Claim) -> Outcome:
+        plan = ChunkPlan.load(claim.body, claim.chunks, default_size=self.settings.chunk_size)
+        try:
+            if claim.attempts > self.settings.max_attempts:
+                error = f"gave up after {self.settings.max_attempts} attempts"
+                if claim.last_error:
+                    error += f"; last error: {claim.last_error}"
+                return await self._fail(claim, plan, error, reason="max_attempts")
+            if claim.previous_status == "sending" and not self.outbound.is_idempotent(
+                claim.channel
+            ):
+                # An earlier attempt died mid-send: the provider may have the chunk already.
+                return await self._uncertain(claim, plan)
+            return await self._send(claim, plan)
+        except LeaseLost as exc:
+            metrics.FAILED.labels(claim.channel, "lease_lost").inc()
+            logger.warning("Delivery of message %s abandoned: %s", claim.id, exc)
+            return Outcome.LEASE_LOST
+
+    async def _claim(self, connection: AsyncConnection, message_id: int) -> _Claim | Outcome:
+        now = self.clock()
+        # One statement in autocommit: the attempt is committed before anything is sent.
+        row = (
+            await connection.execute(
+                CLAIM,
+                {"id": message_id, "now": now, "due": now + timedelta(seconds=DUE_SLACK_S)},
+            )
+        ).one_or_none()
+        if row is not None:
+            return _Claim(**row._asdict(), connection=connection)
+        status = (
+            await connection.execute(
+                select(ChannelMessage.status).where(ChannelMessage.id == message_id)
+            )
+        ).scalar_one_or_none()
+        if status is None:
+            logger.warning("Channel message %s does not exist; nothing to deliver", message_id)
+            return Outcome.MISSING
+        if status in FINAL_MESSAGE_STATUSES:
+            return Outcome.SETTLED
+        logger.debug("Message %s is not due yet; its own retry will deliver it", message_id)
+        return Outcome.NOT_DUE
+
+    async def _send(self, claim: _Claim, plan: ChunkPlan) -> Outcome:
+        interval_s = self.settings.lock_ttl_ms / 3000
+
+        async def renew() -> bool:
+            return await self.redis.extend_lock(
+                claim.id, token=self.owner.token, ttl_ms=self.settings.lock_ttl_ms
+            )
+
+        try:
+            send = self.outbound.sender(claim.channel, claim.account)
+            await run_under_lease(
+                self._send_chunks(claim, plan, send), renew=renew, interval_s=interval_s
+            )
+        except LeaseLost:
+            raise
+        except RateLimited as exc:
+            return await self._defer(claim, plan, exc)
+        except PermanentError as exc:
+            return await self._fail(claim, plan, _describe(exc), reason="permanent")
+        except RetryableError as exc:
+            return await self._retry(claim, plan, exc)
+        except Exception as exc:  # a bug in a channel: retried, bounded by max_attempts
+            logger.exception("Channel %r crashed on message %s", claim.channel, claim.id)
+            return await self._retry(claim, plan, exc)
+        return await self._succeed(claim, plan)
+
+    async def _send_chunks(self, claim: _Claim, plan: ChunkPlan, send: Send) -> None:
+        pending = plan.unsent()
+        for number in pending:
+            envelope = Envelope(
+                message_id=claim.id,
+                channel=claim.channel,
+                account=claim.account,
+                recipient=claim.recipient,
+                subject=claim.subject,
+                body=plan.texts[number - 1],
+                chunk=number,
+                chunks=plan.total,
+            )
+            started = time.perf_counter()
+            try:
+                await send(envelope)
+            except Exception:
+                plan.mark(number, FAILED)
+                raise
+            finally:
+                metrics.SEND_SECONDS.labels(claim.channel).observe(time.perf_counter() - started)
+            plan.mark(number, SENT)
+            if number != pending[-1]:
+                # Recorded at once so a retry resumes after it; the last one lands with the status.
+                await self._update(claim, chunks=plan.record())
+
+    async def _succeed(self, claim: _Claim, plan: ChunkPlan) -> Outcome:
+        # The delivered key first: should Postgres fail now, no retry sends again.
+        await self._release(claim.id, settled=True, value="delivered")
+        await self._update(
+            claim,
+            status="delivered",
+            delivered_at=self.clock(),
+            chunks=plan.record(),
+            last_error=None,
+            next_retry_at=None,
+        )
+        metrics.DELIVERED.labels(claim.channel).inc()
+        logger.info(
+            "Delivered message %s via %s/%s (%d chunk(s), attempt %d)",
+            claim.id,
+            claim.channel,
+            claim.account,
+            plan.total,
+            claim.attempts,
+        )
+        return Outcome.DELIVERED
+
+    async def _fail(self, claim: _Claim, plan: ChunkPlan, error: str, *, reason: str) -> Outcome:
+        status = "partial_failed" if plan.sent_count else "failed"
+        await self._update(
+            claim,
+            status=status,
+            chunks=plan.record(),
+            last_error=_truncate(error),
+            next_retry_at=None,
+        )
+        await self._release(claim.id, settled=True, value=status)
+        metrics.FAILED.labels(claim.channel, reason).inc()
+        logger.warning(
+            "Message %s %s (%d of %d chunks sent, attempt %d): %s",
+            claim.id,
+            status,
+            plan.sent_count,
+            plan.total,
+            claim.attempts,
+            _truncate(error, 200),
+        )
+        return Outcome.PARTIAL_FAILED if plan.sent_count else Outcome.FAILED
+
+    async def _uncertain(self, claim: _Claim, plan: ChunkPlan) -> Outcome:
+        values = {"status": "uncertain", "last_error": UNCERTAIN_ERROR, "next_retry_at": None}
+        async with transaction(self.sessions) as session:
+            result = await session.execute(
+                fenced_update(frozenset(values)),
+                {**values, "fence_id": claim.id, "fence_attempts": claim.attempts},
+            )
+            if result.one_or_none() is None:
+                raise LeaseLost(f"message {claim.id} was taken over")
+            session.add(stale_recovered_event([claim.id], found_by="delivery"))
+        await self._release(claim.id, settled=True, value="uncertain")
+        metrics.STALE_RECOVERED.labels("uncertain").inc()
+        logger.warning(
+            "Message %s was left mid-send by an earlier attempt; marked uncertain (%d of %d chunks "
+            "recorded)",
+            claim.id,
+            plan.sent_count,
+            plan.total,
+        )
+        return Outcome.UNCERTAIN
+
+    async def _retry(self, claim: _Claim, plan: ChunkPlan, exc: BaseException) -> Outcome:
+        if claim.attempts >= self.settings.max_attempts:
+            error = f"gave up after {claim.attempts} attempts; last error: {_describe(exc)}"
+            return await self._fail(claim, plan, error, reason="max_attempts")
+        delay_s = min(self.settings.backoff_base_s * 2**claim.attempts, self.settings.backoff_cap_s)
+        delay_s += self.rng.uniform(0, delay_s / 2)
+        metrics.FAILED.labels(claim.channel, "retryable").inc()
+        return await self._reschedule(claim, plan, exc, delay_s=delay_s, refund=False)
+
+    async def _defer(self, claim: _Claim, plan: ChunkPlan, exc: RateLimited) -> Outcome:
+        # Our own throttle refunds the attempt: nothing reached the provider.
+        refund = not getattr(exc, "counts_as_attempt", True)
+        if not refund and claim.attempts >= self.settings.max_attempts:
+            error = f"gave up after {claim.attempts} attempts; last error: {_describe(exc)}"
+            return await self._fail(claim, plan, error, reason="max_attempts")
+        metrics.FAILED.labels(claim.channel, "rate_limited").inc()
+        return await self._reschedule(claim, plan, exc, delay_s=exc.retry_after_s, refund=refund)
+
+    async def _reschedule(
+        self, claim: _Claim, plan: ChunkPlan, exc: BaseException, *, delay_s: float, refund: bool
+    ) -> Outcome:
+        next_retry_at = self.clock() + timedelta(seconds=delay_s)
+        values: dict[str, Any] = {
+            "status": "pending",
+            "next_retry_at": next_retry_at,
+            "last_error": _truncate(_describe(exc)),
+            "chunks": plan.record(),
+        }
+        if refund:
+            values["attempts"] = claim.attempts - 1
+        await self._update(claim, **values)
+        await self._release(claim.id)
+        delay_ms = max(0, int(delay_s * 1000))
+        logger.info(
+            "Message %s retries in %d ms (attempt %d, %d of %d chunks sent): %s",
+            claim.id,
+            delay_ms,
+            claim.attempts,
+            plan.sent_count,
+            plan.total,
+            _truncate(_describe(exc), 200),
+        )
+        raise DeliveryDeferred(
+            f"message {claim.id} retries in {delay_ms} ms", retry_after_ms=delay_ms
+        ) from exc
+
+    async def _update(self, claim: _Claim, **values: Any) -> None:
+        statement = fenced_update(frozenset(values))
+        result = await claim.connection.execute(
+            statement, {**values, "fence_id": claim.id, "fence_attempts": claim.attempts}
+        )
+        if result.one_or_none() is None:
+            raise LeaseLost(f"message {claim.id} was taken over by a later attempt")
+
+    @cached_property
+    def _autocommit(self) -> AsyncEngine:
+        """The sessions' engine in autocommit: single statements, no BEGIN/COMMIT round trips."""
+        engine = self.sessions.kw["bind"]
+        assert isinstance(engine, AsyncEngine)
+        return engine.execution_options(isolation_level="AUTOCOMMIT")
+
+    async def _release(self, message_id: int, *, settled: bool = False, value: str = "") -> None:
+        await self.redis.settle(
+            message_id,
+            token=self.owner.token,
+            delivered=value if settled else "",
+            delivered_ttl_s=self.settings.delivered_ttl_s,
+        )
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _truncate(value: str, limit: int = MAX_ERROR_CHARS) -> str:
+    return value if len(value) <= limit else value[: limit - 1] + "…"

@@ -1,0 +1,118 @@
+"""Stale recovery: messages stuck in ``sending`` with nobody holding their lock.
+
+A worker died mid-send, so the provider may or may not have the chunk in
+flight. Idempotent channels (the receiver dedupes on the Idempotency-Key) are
+simply sent again; any other channel ends ``uncertain`` with a stored reason and
+one audit event, never a silent resend. A message whose delivered key says it
+was delivered (Postgres failed right after the send) is settled as delivered.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+import redis.asyncio as aioredis
+from sqlalchemy import select, update
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from mailroom.adapters.redis import DeliveryRedis
+from mailroom.db import transaction
+from mailroom.delivery import metrics
+from mailroom.delivery.producer import enqueue_messages, utcnow
+from mailroom.delivery.statements import UNCERTAIN_ERROR, stale_recovered_event
+from mailroom.models import ChannelMessage
+from mailroom.settings import DeliverySettings
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class StaleRecovery:
+    """What one pass did, by message id."""
+
+    uncertain: list[int] = field(default_factory=list)
+    resent: list[int] = field(default_factory=list)
+    delivered: list[int] = field(default_factory=list)
+
+
+async def recover_stale_deliveries(
+    *,
+    sessions: async_sessionmaker[AsyncSession],
+    redis: aioredis.Redis,
+    settings: DeliverySettings,
+    is_idempotent: Callable[[str], bool],
+    clock: Callable[[], datetime] = utcnow,
+) -> StaleRecovery:
+    """Settle messages in ``sending`` for longer than ``stale_after_s`` without a live lock."""
+    keys = DeliveryRedis(redis, stream_key=settings.stream_key)
+    now = clock()
+    threshold = now - timedelta(seconds=settings.stale_after_s)
+    result = StaleRecovery()
+    async with transaction(sessions) as session:
+        rows = (
+            await session.execute(
+                select(ChannelMessage.id, ChannelMessage.channel)
+                .where(ChannelMessage.status == "sending", ChannelMessage.sending_since < threshold)
+                .order_by(ChannelMessage.id)
+                .limit(settings.sweep_batch_size)
+                .with_for_update(skip_locked=True)
+            )
+        ).all()
+        if not rows:
+            return result
+        locked = await keys.live_locks([row.id for row in rows])
+        for row in rows:
+            if row.id in locked:
+                continue
+            settled = await redis.get(keys.keys.delivered(row.id))
+            if settled == b"delivered":
+                result.delivered.append(row.id)
+            elif is_idempotent(row.channel):
+                result.resent.append(row.id)
+            else:
+                result.uncertain.append(row.id)
+        stale = (ChannelMessage.status == "sending", ChannelMessage.sending_since < threshold)
+        if result.delivered:
+            await session.execute(
+                update(ChannelMessage)
+                .where(ChannelMessage.id.in_(result.delivered), *stale)
+                .values(status="delivered", delivered_at=now, last_error=None)
+            )
+        if result.resent:
+            await session.execute(
+                update(ChannelMessage)
+                .where(ChannelMessage.id.in_(result.resent), *stale)
+                .values(status="pending", next_retry_at=None, enqueued_at=None)
+            )
+        if result.uncertain:
+            await session.execute(
+                update(ChannelMessage)
+                .where(ChannelMessage.id.in_(result.uncertain), *stale)
+                .values(status="uncertain", last_error=UNCERTAIN_ERROR, next_retry_at=None)
+            )
+        if result.uncertain or result.resent:
+            session.add(
+                stale_recovered_event(
+                    result.uncertain, found_by="stale_recovery", resent=len(result.resent)
+                )
+            )
+    # After the commit: settled keys so late duplicates stop at the fast path, re-sends on the stream.
+    for message_id in result.uncertain:
+        await keys.settle(
+            message_id, token="", delivered="uncertain", delivered_ttl_s=settings.delivered_ttl_s
+        )
+    await enqueue_messages(
+        result.resent, redis=redis, sessions=sessions, settings=settings, clock=clock
+    )
+    for outcome, ids in (
+        ("uncertain", result.uncertain),
+        ("resent", result.resent),
+        ("delivered", result.delivered),
+    ):
+        if ids:
+            metrics.STALE_RECOVERED.labels(outcome).inc(len(ids))
+            logger.warning("Stale recovery: %d message(s) %s: %s", len(ids), outcome, ids[:20])
+    return result

@@ -1,0 +1,63 @@
+"""SQL on ``channel_message`` shared by delivery, stale recovery and replay."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any, cast
+
+from sqlalchemy import Table, bindparam, text, update
+
+from mailroom.models import AuditEvent, ChannelMessage
+
+#: What the message says when a send may or may not have reached the recipient.
+UNCERTAIN_ERROR = "delivery outcome unknown; verify with the recipient before retrying"
+
+#: Claim in one statement: count the attempt, mark it sending, and return the status before.
+CLAIM = text(
+    """
+    UPDATE channel_message AS m
+       SET attempts = m.attempts + 1, status = 'sending', sending_since = :now
+      FROM (SELECT id, status FROM channel_message WHERE id = :id FOR UPDATE) AS prev
+     WHERE m.id = prev.id
+       AND m.status IN ('pending', 'sending')
+       AND (m.next_retry_at IS NULL OR m.next_retry_at <= :due)
+    RETURNING m.id, m.channel, m.account, m.recipient, m.subject, m.body, m.attempts,
+              m.chunks, m.last_error, prev.status AS previous_status
+    """
+)
+
+
+@lru_cache(maxsize=32)
+def fenced_update(columns: frozenset[str]) -> Any:
+    """UPDATE of ``columns`` that only hits the row while it is still one attempt's.
+
+    Bind ``fence_id`` and ``fence_attempts`` plus one parameter per column; the
+    statement returns the id, so no row back means a later attempt took over.
+    """
+    table = cast(Table, ChannelMessage.__table__)
+    return (
+        update(table)
+        .where(
+            table.c.id == bindparam("fence_id"),
+            table.c.attempts == bindparam("fence_attempts"),
+            table.c.status == "sending",
+        )
+        .values({name: bindparam(name, type_=table.c[name].type) for name in sorted(columns)})
+        .returning(table.c.id)
+    )
+
+
+def stale_recovered_event(message_ids: list[int], *, found_by: str, resent: int = 0) -> AuditEvent:
+    """The one audit event of a recovery: how many messages ended uncertain (and re-sent)."""
+    return AuditEvent(
+        actor_type="system",
+        actor_id=found_by,
+        action="delivery.stale_recovered",
+        target="channel_message",
+        detail={
+            "count": len(message_ids),
+            "message_ids": message_ids,
+            "resent": resent,
+            "reason": UNCERTAIN_ERROR,
+        },
+    )

@@ -1,0 +1,190 @@
+"""A dev IMAP server: pymap's in-memory dict backend on its own event loop thread.
+
+``mailroom dev`` serves its demo mailbox with it and the tests read and write
+real IMAP through it. Helpers create users and folders, APPEND mails and drop a
+folder (a re-created folder gets a new UIDVALIDITY).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+import threading
+from collections.abc import Coroutine, Iterator
+from contextlib import AsyncExitStack, contextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from imapclient import IMAPClient
+from pydantic import SecretStr
+
+from mailroom.devstack import free_port
+from mailroom.settings import MailboxSettings
+
+DEMO_USER = "demouser"
+DEMO_PASSWORD = "demopass"
+
+
+def _server_args(port: int, tls: tuple[Path, Path] | None) -> argparse.Namespace:
+    """pymap's own command line, parsed the way ``pymap --port N --no-tls dict`` would be."""
+    from pymap.backend.dict import DictBackend
+    from pymap.imap import IMAPService
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--debug", action="store_true")
+    parser.set_defaults(skip_services=[], passlib_cfg=None)
+    DictBackend.add_subparser("dict", parser.add_subparsers(dest="backend"))
+    IMAPService.add_arguments(parser)
+    args = ["--host", "127.0.0.1", "--port", str(port)]
+    args += ["--cert", str(tls[0]), "--key", str(tls[1])] if tls else ["--no-tls"]
+    return parser.parse_args([*args, "dict"])
+
+
+def self_signed_certificate(folder: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 that is its own CA: (certificate file, key file)."""
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.now(UTC)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - timedelta(days=1))
+        .not_valid_after(now + timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .sign(key, hashes.SHA256())
+    )
+    cert_file, key_file = folder / "imap-cert.pem", folder / "imap-key.pem"
+    cert_file.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_file, key_file
+
+
+class ImapServer:
+    """pymap on its own event loop thread; the methods are called from other threads.
+
+    With ``tls`` (certificate and key files) the server offers STARTTLS.
+    """
+
+    def __init__(self, tls: tuple[Path, Path] | None = None, *, port: int = 0) -> None:
+        self.tls = tls
+        self.host = "127.0.0.1"
+        self.port = port or free_port()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="pymap", daemon=True)
+        self._stack = AsyncExitStack()
+        self._backend: Any = None
+
+    def _run(self, coro: Coroutine[Any, Any, Any], timeout_s: float = 10.0) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout_s)
+
+    async def _start(self) -> None:
+        from pymap.backend.dict import DictBackend
+        from pymap.concurrent import Subsystem
+        from pymap.imap import IMAPService
+
+        # CPU work (password hashing) on the server's own loop: no thread pool to leak.
+        backend, config = await DictBackend.init(
+            _server_args(self.port, self.tls),
+            invalid_user_sleep=0.0,
+            cpu_subsystem=Subsystem.for_asyncio(),
+        )
+        config.apply_context()
+        await backend.start(self._stack)
+        await IMAPService(backend, config).start(self._stack)
+        self._backend = backend
+
+    def start(self) -> ImapServer:
+        self._thread.start()
+        self._run(self._start())
+        return self
+
+    def stop(self) -> None:
+        try:
+            self._run(self._stack.aclose())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+            self._loop.close()
+
+    def add_user(self, name: str, password: str) -> None:
+        async def add() -> None:
+            from pymap.backend.dict import Identity
+            from pymap.user import Passwords, UserMetadata
+
+            config = self._backend.config
+            hashed = await Passwords(config).hash_password(password)
+            identity = Identity(name, self._backend.login, None, frozenset())
+            await identity.set(UserMetadata(config, name, password=hashed))
+
+        self._run(add())
+
+    @contextmanager
+    def client(self, user: str = DEMO_USER, password: str = DEMO_PASSWORD) -> Iterator[IMAPClient]:
+        client = IMAPClient(self.host, port=self.port, ssl=False, timeout=10)
+        try:
+            client.login(user, password)
+            yield client
+        finally:
+            client.logout()
+
+    def create_folder(
+        self, folder: str, *, user: str = DEMO_USER, password: str = DEMO_PASSWORD
+    ) -> None:
+        with self.client(user, password) as client:
+            client.create_folder(folder)
+
+    def delete_folder(
+        self, folder: str, *, user: str = DEMO_USER, password: str = DEMO_PASSWORD
+    ) -> None:
+        with self.client(user, password) as client:
+            client.delete_folder(folder)
+
+    def append(
+        self, folder: str, *mails: bytes, user: str = DEMO_USER, password: str = DEMO_PASSWORD
+    ) -> list[int]:
+        """APPEND ``mails`` in order on one connection; their UIDs (from APPENDUID)."""
+        uids = []
+        with self.client(user, password) as client:
+            for raw in mails:
+                response = client.append(folder, raw)
+                match = re.search(rb"APPENDUID \d+ (\d+)", response)
+                assert match, response
+                uids.append(int(match.group(1)))
+        return uids
+
+    def mailbox_settings(self, name: str, folder: str, **overrides: Any) -> MailboxSettings:
+        values: dict[str, Any] = {
+            "name": name,
+            "host": self.host,
+            "port": self.port,
+            "security": "plain",
+            "username": DEMO_USER,
+            "password": SecretStr(DEMO_PASSWORD),
+            "folder": folder,
+            "idle": False,
+            "timeout_s": 10.0,
+        }
+        values.update(overrides)
+        return MailboxSettings(**values)

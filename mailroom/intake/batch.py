@@ -1,0 +1,191 @@
+"""One batch of a leased mailbox: connect, SELECT, read new UIDs, ingest each in order.
+
+The next FETCH chunk is read while the current one is ingested, and a few mails
+are parsed and stored ahead of the one being committed; commits stay one per
+mail, in UID order, each fenced on the lease. The connection is closed on every
+exit, and a failure to close never replaces the error that ended the batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
+
+from mailroom.adapters.imap import FetchedMail, Mailbox
+from mailroom.adapters.storage import ObjectStore
+from mailroom.errors import LeaseLost
+from mailroom.intake.cursor import Claim, Clock, adopt_uidvalidity
+from mailroom.intake.ingest import MailFailed, PreparedMail, commit_mail, prepare_mail
+from mailroom.intake.parsing import Limits
+from mailroom.settings import IntakeSettings, MailboxSettings
+
+logger = logging.getLogger(__name__)
+
+Nudge = Callable[[], Awaitable[None]]
+
+
+@dataclass
+class BatchResult:
+    uidvalidity: int = 0
+    #: Highest UID scanned; the cursor advances to it when the batch ends well.
+    highest_uid: int = 0
+    ingested: int = 0
+    duplicates: int = 0
+    jobs: int = 0
+    #: More new mail than ``batch_size`` was waiting.
+    more_waiting: bool = False
+
+
+@dataclass(frozen=True)
+class BatchContext:
+    """Everything one batch works with."""
+
+    claim: Claim
+    mailbox: MailboxSettings
+    intake: IntakeSettings
+    sessions: async_sessionmaker[AsyncSession]
+    store: ObjectStore
+    clock: Clock
+    nudge: Nudge
+
+    @property
+    def limits(self) -> Limits:
+        return Limits(
+            max_attachment_bytes=self.intake.max_attachment_bytes,
+            max_mail_bytes=self.intake.max_mail_bytes,
+            max_attachments=self.intake.max_attachments,
+        )
+
+
+async def run_batch(ctx: BatchContext, connection: Mailbox) -> BatchResult:
+    """Read and ingest the new mail of one folder; the connection is always closed."""
+    try:
+        return await _read_folder(ctx, connection)
+    finally:
+        try:
+            await connection.close()
+        except Exception:  # close() should log its own trouble; this is the backstop
+            logger.warning("Closing mailbox %s failed", ctx.mailbox.name, exc_info=True)
+
+
+async def _read_folder(ctx: BatchContext, connection: Mailbox) -> BatchResult:
+    await connection.connect()
+    await connection.check_health()
+    uidvalidity = await connection.select(ctx.mailbox.folder)
+    above = await adopt_uidvalidity(ctx.sessions, ctx.claim, uidvalidity)
+    result = BatchResult(uidvalidity=uidvalidity, highest_uid=above)
+    uids = await connection.uids_above(above)
+    if not uids and ctx.mailbox.idle:
+        if await connection.idle(ctx.mailbox.idle_timeout_s):
+            logger.debug("Mailbox %s: IDLE announced new mail", ctx.mailbox.name)
+        uids = await connection.uids_above(above)
+    result.more_waiting = len(uids) > ctx.mailbox.batch_size
+    uids = uids[: ctx.mailbox.batch_size]
+    if uids:
+        await _ingest_in_order(ctx, connection, uids, result)
+        result.highest_uid = uids[-1]
+    return result
+
+
+async def _ingest_in_order(
+    ctx: BatchContext, connection: Mailbox, uids: list[int], result: BatchResult
+) -> None:
+    size = max(1, ctx.intake.fetch_chunk)
+    chunks = [uids[i : i + size] for i in range(0, len(uids), size)]
+    ahead = max(0, ctx.intake.prepare_ahead)
+    window: deque[tuple[FetchedMail, asyncio.Task[PreparedMail]]] = deque()
+    fetching: asyncio.Task[list[FetchedMail]] | None = asyncio.create_task(
+        connection.fetch(chunks[0])
+    )
+    try:
+        # One connection for the batch's per-mail transactions: no pool checkout per mail.
+        # Autocommit: each mail is one statement, so each statement is its transaction.
+        async with _engine(ctx.sessions).connect() as conn:
+            await conn.execution_options(isolation_level="AUTOCOMMIT")
+            for index in range(len(chunks)):
+                assert fetching is not None
+                mails = await fetching
+                # One IMAP command at a time: the next chunk is read while this one is ingested.
+                fetching = (
+                    asyncio.create_task(connection.fetch(chunks[index + 1]))
+                    if index + 1 < len(chunks)
+                    else None
+                )
+                for mail in mails:
+                    prepare = prepare_mail(mail, store=ctx.store, limits=ctx.limits)
+                    window.append((mail, asyncio.create_task(prepare)))
+                    if len(window) > ahead:
+                        await _commit_next(ctx, conn, window, result)
+            while window:
+                await _commit_next(ctx, conn, window, result)
+    except MailFailed as exc:
+        exc.uidvalidity = result.uidvalidity
+        raise
+    finally:
+        pending: list[asyncio.Task[Any]] = [prepare for _, prepare in window]
+        if fetching is not None:
+            pending.append(fetching)
+        for leftover in pending:
+            leftover.cancel()
+        if pending:
+            # Let cancelled work finish its cleanup before the connection is closed.
+            await asyncio.wait(pending)
+            for leftover in pending:
+                if not leftover.cancelled():
+                    leftover.exception()  # retrieved: the error that counts is already raised
+
+
+def _engine(sessions: async_sessionmaker[AsyncSession]) -> AsyncEngine:
+    bind = sessions.kw.get("bind")
+    if not isinstance(bind, AsyncEngine):
+        raise TypeError("intake needs a sessionmaker bound to an AsyncEngine")
+    return bind
+
+
+async def _commit_next(
+    ctx: BatchContext,
+    conn: AsyncConnection,
+    window: deque[tuple[FetchedMail, asyncio.Task[PreparedMail]]],
+    result: BatchResult,
+) -> None:
+    mail, task = window[0]
+    prepared = await task  # raises MailFailed
+    window.popleft()
+    try:
+        committed = await commit_mail(
+            conn, ctx.claim, prepared, uidvalidity=result.uidvalidity, now=ctx.clock()
+        )
+    except LeaseLost:
+        raise
+    except Exception as exc:
+        raise MailFailed(mail.uid, prepared.parsed.message_id, exc) from exc
+    if committed.duplicate:
+        result.duplicates += 1
+        logger.info(
+            "Mailbox %s: UID %d (%r) was ingested before; skipped",
+            ctx.mailbox.name,
+            mail.uid,
+            (prepared.parsed.message_id or "")[:200],
+        )
+        return
+    result.ingested += 1
+    result.jobs += committed.jobs
+    logger.info(
+        "Mailbox %s: stored UID %d as mail %s with %d file(s), %d job(s)",
+        ctx.mailbox.name,
+        mail.uid,
+        committed.mail_id,
+        len(prepared.parsed.attachments),
+        committed.jobs,
+    )
+    if committed.jobs:
+        try:
+            await ctx.nudge()
+        except Exception:  # the jobs are committed; the outbox sweep publishes them anyway
+            logger.warning("Nudging the recognition publisher failed", exc_info=True)

@@ -1,0 +1,187 @@
+"""The one statement that stores a mail: fence, dedupe, objects, mail, files, jobs.
+
+A single statement is a single transaction in Postgres, so the whole per-mail
+write is one round trip (intake's throughput is bound by round trips, not by
+Postgres). The data-modifying CTEs run on one snapshot:
+
+- ``fence`` moves ``last_uid`` only while our lease holds; no row means the
+  lease is lost and every insert below is gated off (``go`` is empty);
+- ``known`` is the dedupe (same Message-ID, or none, and same raw bytes, in
+  this cursor), so a mail re-read after a UIDVALIDITY change is not stored twice;
+- ``objects`` registers the .eml and the attachments (a no-op DO UPDATE so
+  RETURNING yields rows registered before too, like ``register_object``);
+- ``mail`` inserts the row, or completes the row of earlier failed attempts,
+  and yields nothing when the UID is already stored;
+- ``files`` and ``jobs`` follow; foreign keys are checked at the statement's end.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+_STORE_MAIL = """
+WITH fence AS (
+    UPDATE mailbox_cursor SET last_uid = CAST(:uid AS bigint), updated_at = now()
+    WHERE id = CAST(:cursor_id AS integer) AND lease_id = CAST(:lease_id AS uuid)
+    RETURNING id
+), known AS (
+    SELECT EXISTS (
+        SELECT 1 FROM inbound_mail m
+        WHERE m.cursor_id = CAST(:cursor_id AS integer)
+          AND m.content_sha256 = CAST(:sha256 AS text)
+          AND {same_message_id}
+          AND m.status <> 'failed'
+    ) AS duplicate
+), go AS (
+    SELECT 1 FROM fence, known WHERE NOT known.duplicate
+), objects AS (
+    INSERT INTO stored_object (bucket_role, bucket, key, size, sha256, media_type, created_by)
+    SELECT o.bucket_role, o.bucket, o.key, o.size, o.sha256, o.media_type,
+        CAST(:created_by AS text)
+    FROM jsonb_to_recordset(CAST(:objects AS jsonb)) AS o(
+        bucket_role text, bucket text, key text, size bigint, sha256 text, media_type text
+    ), go
+    ON CONFLICT (bucket, key) DO UPDATE SET bucket = EXCLUDED.bucket
+    RETURNING id, bucket, key
+), mail AS (
+    INSERT INTO inbound_mail (
+        cursor_id, uidvalidity, uid, message_id, content_sha256, sender, return_path,
+        authentication_results, subject, internal_date, raw_object_id, status, last_error,
+        last_attempt_at
+    )
+    SELECT CAST(:cursor_id AS integer), CAST(:uidvalidity AS bigint), CAST(:uid AS bigint),
+        CAST(:message_id AS text), CAST(:sha256 AS text), CAST(:sender AS text),
+        CAST(:return_path AS text), CAST(:authentication_results AS text),
+        CAST(:subject AS text), CAST(:internal_date AS timestamptz),
+        (SELECT id FROM objects
+         WHERE bucket = CAST(:raw_bucket AS text) AND key = CAST(:raw_key AS text)),
+        'stored', CAST(:problem AS text), CAST(:now AS timestamptz)
+    FROM go
+    ON CONFLICT (cursor_id, uidvalidity, uid) DO UPDATE SET
+        message_id = EXCLUDED.message_id,
+        content_sha256 = EXCLUDED.content_sha256,
+        sender = EXCLUDED.sender,
+        return_path = EXCLUDED.return_path,
+        authentication_results = EXCLUDED.authentication_results,
+        subject = EXCLUDED.subject,
+        internal_date = EXCLUDED.internal_date,
+        raw_object_id = EXCLUDED.raw_object_id,
+        status = 'stored',
+        last_error = EXCLUDED.last_error,
+        last_attempt_at = EXCLUDED.last_attempt_at,
+        next_retry_at = NULL
+    WHERE inbound_mail.status = 'failed'
+    RETURNING id
+), files AS (
+    INSERT INTO stored_file (
+        mail_id, object_id, original_name, file_type, media_type, size, status,
+        status_reason, current_recognition_job_id
+    )
+    SELECT mail.id, objects.id, f.original_name, f.file_type, f.media_type, f.size, f.status,
+        f.status_reason, f.job_id
+    FROM mail
+    CROSS JOIN jsonb_to_recordset(CAST(:files AS jsonb)) AS f(
+        position integer, bucket text, key text, original_name text, file_type text,
+        media_type text, size bigint, status text, status_reason text, job_id uuid
+    )
+    LEFT JOIN objects ON objects.bucket = f.bucket AND objects.key = f.key
+    ORDER BY f.position
+    RETURNING id, current_recognition_job_id
+), jobs AS (
+    INSERT INTO recognition_job (id, file_id, pipeline, status, attempt)
+    SELECT files.current_recognition_job_id, files.id, j.pipeline, 'queued', 1
+    FROM files
+    JOIN jsonb_to_recordset(CAST(:files AS jsonb)) AS j(job_id uuid, pipeline text)
+      ON j.job_id = files.current_recognition_job_id
+    RETURNING id
+)
+SELECT
+    (SELECT count(*) FROM fence) AS fenced,
+    (SELECT duplicate FROM known) AS duplicate,
+    (SELECT id FROM mail) AS mail_id,
+    (SELECT count(*) FROM jobs) AS jobs
+"""
+
+# Two spellings of the dedupe so both can use the (message_id, content_sha256) index.
+STORE_MAIL_WITH_ID = text(
+    _STORE_MAIL.format(same_message_id="m.message_id = CAST(:message_id AS text)")
+)
+STORE_MAIL_WITHOUT_ID = text(_STORE_MAIL.format(same_message_id="m.message_id IS NULL"))
+
+
+@dataclass(frozen=True)
+class StoreResult:
+    fenced: bool
+    duplicate: bool
+    #: None when nothing was inserted (lease lost, duplicate, or the UID was stored already).
+    mail_id: int | None
+    jobs: int
+
+
+@dataclass(frozen=True)
+class FileRow:
+    #: Order of the attachment in the mail; file ids follow it.
+    position: int
+    bucket: str | None
+    key: str | None
+    original_name: str
+    file_type: str
+    media_type: str
+    size: int
+    status: str
+    status_reason: str | None
+    job_id: uuid.UUID | None
+    pipeline: str | None
+
+
+def _json(rows: list[dict[str, Any]]) -> str:
+    return json.dumps(rows, default=str)
+
+
+async def store_mail(
+    conn: AsyncConnection,
+    *,
+    cursor_id: int,
+    lease_id: uuid.UUID,
+    uidvalidity: int,
+    uid: int,
+    mail: dict[str, Any],
+    raw: tuple[str, str] | None,
+    objects: list[dict[str, Any]],
+    files: list[FileRow],
+    created_by: str,
+    now: datetime,
+) -> StoreResult:
+    """Run the statement on an autocommit connection (the statement is the transaction)."""
+    statement = STORE_MAIL_WITHOUT_ID if mail["message_id"] is None else STORE_MAIL_WITH_ID
+    row = (
+        await conn.execute(
+            statement,
+            {
+                "cursor_id": cursor_id,
+                "lease_id": lease_id,
+                "uidvalidity": uidvalidity,
+                "uid": uid,
+                **mail,
+                "raw_bucket": raw[0] if raw else None,
+                "raw_key": raw[1] if raw else None,
+                "objects": _json(objects),
+                "files": _json([f.__dict__ for f in files]),
+                "created_by": created_by,
+                "now": now,
+            },
+        )
+    ).one()
+    return StoreResult(
+        fenced=bool(row.fenced),
+        duplicate=bool(row.duplicate),
+        mail_id=row.mail_id,
+        jobs=int(row.jobs),
+    )

@@ -1,0 +1,191 @@
+"""``poll_mailbox``: claim the cursor, run one batch under the lease, record how it ended.
+
+Collaborators come in as arguments (sessions, object store, mailbox factory,
+clock, the publisher nudge); the actor wires them. The outcome says whether
+more mail is waiting, so the caller can poll again at once.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Literal
+
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from mailroom.adapters.imap import MailboxFactory
+from mailroom.adapters.storage import ObjectStore
+from mailroom.errors import AppError, LeaseLost, PermanentError
+from mailroom.intake import cursor as cursors
+from mailroom.intake.batch import BatchContext, BatchResult, Nudge, run_batch
+from mailroom.intake.cursor import Claim, Clock
+from mailroom.intake.ingest import MailFailed
+from mailroom.intake.lease import run_under_lease
+from mailroom.settings import IntakeSettings, MailboxSettings
+
+logger = logging.getLogger(__name__)
+
+Status = Literal[
+    "done", "skipped", "disabled", "lease_lost", "mail_failed", "blocked", "batch_failed"
+]
+
+
+class UnknownMailbox(PermanentError):
+    """No mailbox of that name is configured."""
+
+
+@dataclass(frozen=True)
+class IntakeDeps:
+    """What the pipeline needs from the outside world."""
+
+    sessions: async_sessionmaker[AsyncSession]
+    store: ObjectStore
+    connect: MailboxFactory
+    clock: Clock
+    nudge: Nudge
+
+
+@dataclass(frozen=True)
+class PollOutcome:
+    mailbox: str
+    status: Status
+    #: Why: the skip reason, or the error that ended the batch.
+    reason: str = ""
+    result: BatchResult | None = None
+
+    @property
+    def more_waiting(self) -> bool:
+        return self.status == "done" and self.result is not None and self.result.more_waiting
+
+
+def find_mailbox(settings: IntakeSettings, name: str) -> MailboxSettings:
+    for mailbox in settings.mailboxes:
+        if mailbox.name == name:
+            return mailbox
+    raise UnknownMailbox(f"mailbox {name[:100]!r} is not configured")
+
+
+async def poll_mailbox(name: str, *, settings: IntakeSettings, deps: IntakeDeps) -> PollOutcome:
+    """One poll of mailbox ``name`` (DESIGN.md §4)."""
+    mailbox = find_mailbox(settings, name)
+    if not mailbox.enabled:
+        return PollOutcome(name, "disabled")
+    claimed = await cursors.claim_cursor(
+        deps.sessions,
+        mailbox=mailbox.name,
+        folder=mailbox.folder,
+        lease_s=settings.lease_s,
+        now=deps.clock(),
+    )
+    if isinstance(claimed, cursors.Skipped):
+        logger.debug("Mailbox %s: skipped (%s)", name, claimed.reason)
+        return PollOutcome(name, "skipped", claimed.reason)
+    claim = claimed
+    ctx = BatchContext(claim, mailbox, settings, deps.sessions, deps.store, deps.clock, deps.nudge)
+
+    async def renew() -> bool:
+        return await cursors.renew_lease(
+            deps.sessions, claim, lease_s=settings.lease_s, now=deps.clock()
+        )
+
+    try:
+        result = await run_under_lease(
+            run_batch(ctx, deps.connect(mailbox)),
+            renew=renew,
+            interval_s=settings.lease_s / 3,
+            name=f"mailbox {name}",
+        )
+    except LeaseLost as exc:
+        return _lease_lost(name, exc)
+    except MailFailed as exc:
+        return await _mail_failed(claim, settings, deps, exc)
+    except Exception as exc:  # the batch could not run: IMAP down, login refused, fetch error
+        return await _batch_failed(claim, settings, deps, exc)
+    try:
+        await cursors.finish_batch(
+            deps.sessions, claim, highest_uid=result.highest_uid, now=deps.clock()
+        )
+    except LeaseLost as exc:
+        return _lease_lost(name, exc)
+    if result.ingested or result.duplicates:
+        logger.info(
+            "Mailbox %s: %d mail(s) stored, %d duplicate(s), %d job(s); last UID %d%s",
+            name,
+            result.ingested,
+            result.duplicates,
+            result.jobs,
+            result.highest_uid,
+            ", more waiting" if result.more_waiting else "",
+        )
+    return PollOutcome(name, "done", result=result)
+
+
+def _lease_lost(name: str, exc: LeaseLost) -> PollOutcome:
+    logger.warning("Mailbox %s: lease lost, batch abandoned: %s", name, exc)
+    return PollOutcome(name, "lease_lost", str(exc))
+
+
+async def _mail_failed(
+    claim: Claim, settings: IntakeSettings, deps: IntakeDeps, exc: MailFailed
+) -> PollOutcome:
+    _log_failure(claim.mailbox, f"UID {exc.uid} failed", exc.cause)
+    try:
+        failure = await cursors.record_mail_failure(
+            deps.sessions,
+            claim,
+            uidvalidity=_uidvalidity(claim, exc),
+            uid=exc.uid,
+            message_id=exc.message_id,
+            error=exc.cause,
+            max_retries=settings.max_retries,
+            max_backoff_s=settings.max_backoff_s,
+            now=deps.clock(),
+        )
+    except LeaseLost as lost:
+        return _lease_lost(claim.mailbox, lost)
+    if failure.status == "blocked":
+        logger.error(
+            "Mailbox %s: blocked at UID %d (%r) after %d attempts; "
+            "`mailroom intake unblock %s` after fixing the cause",
+            claim.mailbox,
+            exc.uid,
+            (exc.message_id or "")[:200],
+            failure.retry_count,
+            claim.mailbox,
+        )
+        return PollOutcome(claim.mailbox, "blocked", cursors.describe_error(exc.cause))
+    return PollOutcome(claim.mailbox, "mail_failed", cursors.describe_error(exc.cause))
+
+
+def _uidvalidity(claim: Claim, exc: MailFailed) -> int:
+    # Mails only fail after SELECT, so the batch always knows the folder's UIDVALIDITY.
+    return exc.uidvalidity if exc.uidvalidity is not None else int(claim.uidvalidity or 0)
+
+
+async def _batch_failed(
+    claim: Claim, settings: IntakeSettings, deps: IntakeDeps, exc: Exception
+) -> PollOutcome:
+    _log_failure(claim.mailbox, "batch failed", exc)
+    try:
+        failure = await cursors.record_batch_failure(
+            deps.sessions, claim, error=exc, max_backoff_s=settings.max_backoff_s, now=deps.clock()
+        )
+    except LeaseLost as lost:
+        return _lease_lost(claim.mailbox, lost)
+    logger.info(
+        "Mailbox %s: retry %d not before %s",
+        claim.mailbox,
+        failure.retry_count,
+        failure.next_retry_at,
+    )
+    return PollOutcome(claim.mailbox, "batch_failed", cursors.describe_error(exc))
+
+
+def _log_failure(mailbox: str, what: str, exc: BaseException) -> None:
+    # Expected kinds of trouble (the cursor records them); database errors are logged
+    # without traceback because SQLAlchemy's text echoes parameters, i.e. mail headers.
+    if isinstance(exc, AppError | SQLAlchemyError):
+        logger.warning("Mailbox %s: %s: %r", mailbox, what, cursors.describe_error(exc)[:300])
+    else:  # a bug or an unexpected library error: keep the traceback (and reach Sentry)
+        logger.error("Mailbox %s: %s", mailbox, what, exc_info=exc)

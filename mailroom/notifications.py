@@ -1,0 +1,218 @@
+"""Notifications for final mails: routing rules → channel messages → delivery.
+
+A mail is final when every file of it is settled. Its notifications are
+created in one transaction that also stamps ``notified_at`` (so they are made
+once per final state), then put on the delivery stream after the commit. The
+actor runs when mapping finalizes a mail and a scheduler sweep runs it too, so a
+crash between the finalizing commit and this step only delays the notification.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import redis.asyncio as aioredis
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from mailroom.db import transaction
+from mailroom.delivery.producer import create_message, enqueue_messages
+from mailroom.models import Document, InboundMail, MailboxCursor, StoredFile
+from mailroom.recognition.finality import finalize_settled_mails
+from mailroom.settings import DeliverySettings, NotificationRoute
+
+logger = logging.getLogger(__name__)
+
+#: Longest field value quoted in a notification, in characters.
+MAX_VALUE_CHARS = 200
+
+
+@dataclass
+class FileSummary:
+    name: str
+    status: str
+    reason: str | None = None
+    document_type: str | None = None
+    fields: dict[str, Any] = field(default_factory=dict)
+    missing: list[str] = field(default_factory=list)
+
+
+@dataclass
+class MailSummary:
+    mail_id: int
+    mailbox: str
+    uid: int
+    subject: str
+    sender: str
+    files: list[FileSummary]
+    problem: str | None = None
+
+    @property
+    def document_types(self) -> set[str]:
+        return {f.document_type for f in self.files if f.document_type}
+
+    def render(self) -> str:
+        lines = [
+            f"Mail {self.subject!r} from {self.sender} (mailbox {self.mailbox}, uid {self.uid}).",
+        ]
+        if self.problem:
+            lines.append(f"It was not read: {_short(self.problem)}")
+        elif not self.files:
+            lines.append("It had no attachments.")
+        for item in self.files:
+            line = f"- {item.name}: {item.status}"
+            if item.document_type:
+                line += f" as {item.document_type}"
+            if item.fields:
+                shown = ", ".join(f"{k}={_short(v)}" for k, v in sorted(item.fields.items()))
+                line += f": {shown}"
+            if item.missing:
+                line += f" (missing: {', '.join(item.missing)})"
+            if item.reason and not item.document_type:
+                line += f" ({_short(item.reason)})"
+            lines.append(line)
+        return "\n".join(lines)
+
+
+def _short(value: Any) -> str:
+    text = str(value)
+    return text if len(text) <= MAX_VALUE_CHARS else text[: MAX_VALUE_CHARS - 1] + "…"
+
+
+def route_matches(route: NotificationRoute, summary: MailSummary) -> bool:
+    if route.mailbox not in ("*", summary.mailbox):
+        return False
+    return route.document_type == "*" or route.document_type in summary.document_types
+
+
+def render_route(route: NotificationRoute, summary: MailSummary) -> tuple[str, str]:
+    """Subject and body of ``route`` for ``summary`` (templates come from settings)."""
+    context = {
+        "mail_id": summary.mail_id,
+        "mailbox": summary.mailbox,
+        "uid": summary.uid,
+        "mail_subject": summary.subject,
+        "sender": summary.sender,
+        "document_types": ", ".join(sorted(summary.document_types)) or "none",
+        "summary": summary.render(),
+    }
+    return route.subject.format_map(context), route.template.format_map(context)
+
+
+async def _summaries(session: AsyncSession, mails: Sequence[InboundMail]) -> list[MailSummary]:
+    ids = [mail.id for mail in mails]
+    mailbox_rows = await session.execute(
+        select(InboundMail.id, MailboxCursor.mailbox)
+        .join(MailboxCursor, MailboxCursor.id == InboundMail.cursor_id)
+        .where(InboundMail.id.in_(ids))
+    )
+    cursors: dict[int, str] = {mail_id: mailbox for mail_id, mailbox in mailbox_rows}
+    files = await session.execute(
+        select(StoredFile, Document)
+        .outerjoin(Document, Document.job_id == StoredFile.current_recognition_job_id)
+        .where(StoredFile.mail_id.in_(ids))
+        .order_by(StoredFile.id)
+    )
+    by_mail: dict[int, list[FileSummary]] = {mail_id: [] for mail_id in ids}
+    for stored, document in files:
+        assert stored.mail_id is not None
+        by_mail[stored.mail_id].append(
+            FileSummary(
+                name=stored.original_name,
+                status=stored.status,
+                reason=stored.status_reason,
+                document_type=document.document_type if document else None,
+                fields=dict(document.fields) if document else {},
+                missing=list(document.missing_fields) if document else [],
+            )
+        )
+    return [
+        MailSummary(
+            mail_id=mail.id,
+            mailbox=cursors.get(mail.id, "?"),
+            uid=mail.uid,
+            subject=mail.subject or "(no subject)",
+            sender=mail.sender or "(unknown sender)",
+            files=by_mail[mail.id],
+            problem=mail.last_error,
+        )
+        for mail in mails
+    ]
+
+
+@dataclass
+class NotificationBatch:
+    message_ids: list[int] = field(default_factory=list)
+    mails: int = 0
+
+
+async def create_notifications(
+    session: AsyncSession, *, routes: Sequence[NotificationRoute], now: datetime, limit: int = 100
+) -> NotificationBatch:
+    """Create the messages of up to ``limit`` final, un-notified mails.
+
+    Runs in the caller's transaction. Mails are claimed with SKIP LOCKED so two
+    runs never notify one mail twice; the dedupe key (mail, final state, route)
+    makes a repeat after a crash a no-op.
+    """
+    mails = list(
+        (
+            await session.scalars(
+                select(InboundMail)
+                .where(InboundMail.status == "final", InboundMail.notified_at.is_(None))
+                .order_by(InboundMail.id)
+                .limit(limit)
+                .with_for_update(skip_locked=True)
+            )
+        ).all()
+    )
+    batch = NotificationBatch(mails=len(mails))
+    for summary, mail in zip(await _summaries(session, mails), mails, strict=True):
+        state = int((mail.finalized_at or now).timestamp() * 1000)
+        for number, route in enumerate(routes):
+            if not route_matches(route, summary):
+                continue
+            subject, body = render_route(route, summary)
+            message_id = await create_message(
+                session,
+                channel=route.channel,
+                account=route.account,
+                recipient=route.recipient,
+                subject=subject,
+                body=body,
+                mail_id=mail.id,
+                dedupe_key=f"mail:{mail.id}:final:{state}:route:{number}",
+            )
+            if message_id is not None:
+                batch.message_ids.append(message_id)
+        mail.notified_at = now
+    if mails:
+        logger.info(
+            "Created %d notification(s) for %d final mail(s)", len(batch.message_ids), len(mails)
+        )
+    return batch
+
+
+async def notify_final_mails(
+    *,
+    sessions: async_sessionmaker[AsyncSession],
+    redis: aioredis.Redis,
+    settings: DeliverySettings,
+    limit: int = 100,
+) -> tuple[list[int], bool]:
+    """One pass: finalize settled mails, create notifications, commit, put them on the stream.
+
+    Returns the new message ids and whether more mails may be waiting.
+    """
+    async with transaction(sessions) as session:
+        await finalize_settled_mails(session, now=datetime.now(UTC), limit=limit)
+    async with transaction(sessions) as session:
+        batch = await create_notifications(
+            session, routes=settings.routes, now=datetime.now(UTC), limit=limit
+        )
+    await enqueue_messages(batch.message_ids, redis=redis, sessions=sessions, settings=settings)
+    return batch.message_ids, batch.mails >= limit

@@ -1,0 +1,142 @@
+"""Shared state rules: a file follows its *current* job; a mail is final when its files are.
+
+Every status change on ``stored_file`` made by the recognition pipeline goes
+through these statements, so an answer to an old attempt never moves a file
+(``current_recognition_job_id`` must name the job) and every path that can end
+a file (mapping, watchdog, DLQ, invalid request) also tries to end its mail.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Collection, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from mailroom.models import FINAL_FILE_STATUSES
+
+#: ``status_reason`` and ``error_message`` are cut to this many characters.
+MAX_REASON_CHARS = 2_000
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def short_repr(value: Any, limit: int = 80) -> str:
+    """``repr`` of untrusted text for logs, cut to ``limit`` characters."""
+    rendered = repr(value)
+    return rendered if len(rendered) <= limit else rendered[: limit - 3] + "..."
+
+
+def object_metrics_sql(column: str) -> str:
+    """SQL for ``column`` as a JSON object: anything else (array, scalar, NULL) counts as ``{}``."""
+    return f"(CASE WHEN jsonb_typeof({column}) = 'object' THEN {column} ELSE '{{}}'::jsonb END)"
+
+
+def republish_count_sql(column: str) -> str:
+    """SQL for ``column -> 'republish_count'`` as an integer, 0 when absent or not a number."""
+    return (
+        f"(CASE WHEN jsonb_typeof({column} -> 'republish_count') = 'number' "
+        f"THEN floor(({column} ->> 'republish_count')::numeric)::int ELSE 0 END)"
+    )
+
+
+_FAIL_CURRENT_FILES = text(
+    """
+    UPDATE stored_file AS f
+       SET status = 'ERROR', status_reason = :reason, updated_at = :now
+      FROM recognition_job AS j
+     WHERE j.id = ANY(:job_ids)
+       AND f.id = j.file_id
+       AND f.current_recognition_job_id = j.id
+    RETURNING f.mail_id
+    """
+)
+
+
+async def fail_current_files(
+    session: AsyncSession, job_ids: Sequence[uuid.UUID], *, reason: str, now: datetime
+) -> set[int]:
+    """Move the files whose current job is one of ``job_ids`` to ERROR; their mail ids."""
+    if not job_ids:
+        return set()
+    result = await session.execute(
+        _FAIL_CURRENT_FILES,
+        {"job_ids": list(job_ids), "reason": reason[:MAX_REASON_CHARS], "now": now},
+    )
+    return {mail_id for (mail_id,) in result if mail_id is not None}
+
+
+_FINAL = ", ".join(f"'{s}'" for s in FINAL_FILE_STATUSES)
+
+# A file counts as settled when its status is final and its current job is not a result still
+# waiting for mapping (mapping may yet replay it, which would move the file back to UPLOADED).
+# A stored mail with no files at all (no attachments, or too large to read) is final at once.
+_FINALIZE_MAILS = text(
+    f"""
+    UPDATE inbound_mail AS m
+       SET status = 'final', finalized_at = :now
+     WHERE m.id = ANY(:mail_ids)
+       AND m.status = 'stored'
+       AND NOT EXISTS (
+            SELECT 1
+              FROM stored_file AS f
+              LEFT JOIN recognition_job AS j ON j.id = f.current_recognition_job_id
+             WHERE f.mail_id = m.id
+               AND (f.status NOT IN ({_FINAL})
+                    OR (j.result_msg_id IS NOT NULL AND j.mapped_at IS NULL
+                        AND j.status IN ('done', 'needs_check', 'error')))
+       )
+    RETURNING m.id
+    """
+)
+
+
+async def finalize_mails(
+    session: AsyncSession, mail_ids: Collection[int], *, now: datetime
+) -> list[int]:
+    """Mark final each of ``mail_ids`` whose files are all settled; the ids marked now.
+
+    Call after the file updates of this transaction. Two transactions settling the
+    last two files of one mail would each miss the other's uncommitted change;
+    locking the mail rows first makes the second wait, and its check (a new
+    snapshot under READ COMMITTED) then sees the first one's committed file.
+    """
+    if not mail_ids:
+        return []
+    # Lock the mails first, in id order, so two finishers wait for each other, then re-check.
+    await session.execute(
+        text("SELECT id FROM inbound_mail WHERE id = ANY(:ids) ORDER BY id FOR UPDATE"),
+        {"ids": sorted(mail_ids)},
+    )
+    result = await session.execute(_FINALIZE_MAILS, {"mail_ids": sorted(mail_ids), "now": now})
+    return sorted(mail_id for (mail_id,) in result)
+
+
+_SETTLED_STORED_MAILS = text(
+    f"""
+    SELECT m.id FROM inbound_mail AS m
+     WHERE m.status = 'stored'
+       AND NOT EXISTS (
+            SELECT 1 FROM stored_file AS f
+             WHERE f.mail_id = m.id AND f.status NOT IN ({_FINAL}))
+     ORDER BY m.id
+     LIMIT :limit
+    """
+)
+
+
+async def finalize_settled_mails(
+    session: AsyncSession, *, now: datetime, limit: int = 500
+) -> list[int]:
+    """Finalize stored mails whose files are all settled (or that have none).
+
+    Catches mails no recognition step will ever finish: no recognizable attachment,
+    or a crash between a file's last change and its mail's check.
+    """
+    result = await session.execute(_SETTLED_STORED_MAILS, {"limit": limit})
+    return await finalize_mails(session, [mail_id for (mail_id,) in result], now=now)

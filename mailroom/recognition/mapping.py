@@ -1,0 +1,344 @@
+"""Mapping: a result file becomes a ``document`` and settles its file (DESIGN.md §5).
+
+The result JSON is read from the object store outside any transaction; the
+decision is then written in one short transaction that locks the job and
+re-checks ``mapped_at``, so a redelivered or swept mapping changes nothing.
+A failed attempt (an ``error`` result, an unreadable result file, or a document
+missing a required field or below the confidence threshold) is replayed as a
+new attempt until ``automatic_attempts`` are spent; then the file settles as
+ERROR or NEEDS_CHECK. When the last file of a mail settles, the mail is final
+and the outcome says so (``finalized_mail_id``): the hook for notifications.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Literal, Protocol
+
+from pydantic import ValidationError
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from mailroom.errors import PermanentError
+from mailroom.recognition.contracts import RecognitionResult, parse_json_object
+from mailroom.recognition.finality import MAX_REASON_CHARS, finalize_mails, utcnow
+from mailroom.recognition.replay import ReplayedJob, replay_job
+from mailroom.settings import RecognitionSettings
+
+logger = logging.getLogger(__name__)
+
+#: Who automatic retries are audit-logged as.
+MAPPING_ACTOR = ("system", "recognition.mapping")
+
+#: Result statuses mapping handles.
+RESULT_STATUSES = ("done", "needs_check", "error")
+
+
+class ResultReader(Protocol):
+    """The part of the object store mapping needs."""
+
+    async def get(self, bucket: str, key: str) -> bytes: ...
+
+
+@dataclass
+class Verdict:
+    """What a result means for its file, before anything is written."""
+
+    file_status: Literal["RECOGNIZED", "NEEDS_CHECK", "ERROR"]
+    reason: str | None = None
+    #: This attempt failed in a way a new attempt may fix.
+    retryable: bool = False
+    document: dict[str, Any] | None = None
+    #: Set when the result file itself was unusable.
+    invalid_result: str | None = None
+
+
+@dataclass
+class MappingOutcome:
+    job_id: uuid.UUID
+    applied: Literal["mapped", "already_mapped", "unknown_job", "not_a_result"]
+    document_id: int | None = None
+    #: The file's new status; None when the job is no longer the file's current one.
+    file_status: str | None = None
+    replayed: ReplayedJob | None = None
+    #: The mail this mapping made final: create its notifications.
+    finalized_mail_id: int | None = None
+    finalized_mail_ids: list[int] = field(default_factory=list)
+
+
+_LOAD = text(
+    """
+    SELECT j.id, j.status, j.attempt, j.mapped_at, j.error_code, j.error_message,
+           j.result_msg_id, o.bucket, o.key
+      FROM recognition_job AS j
+      LEFT JOIN stored_object AS o ON o.id = j.result_object_id
+     WHERE j.id = :id
+    """
+)
+
+_LOCK = text(
+    """
+    SELECT j.id, j.file_id, j.mapped_at, f.mail_id,
+           f.current_recognition_job_id = j.id AS is_current
+      FROM recognition_job AS j
+      JOIN stored_file AS f ON f.id = j.file_id
+     WHERE j.id = :id
+       FOR UPDATE OF j
+    """
+)
+
+_INSERT_DOCUMENT = text(
+    """
+    INSERT INTO document (file_id, job_id, document_type, fields, field_confidence,
+                          missing_fields, low_confidence_fields, status, created_at)
+    VALUES (:file_id, :job_id, :document_type, CAST(:fields AS jsonb),
+            CAST(:field_confidence AS jsonb), CAST(:missing_fields AS jsonb),
+            CAST(:low_confidence_fields AS jsonb), :status, :now)
+    ON CONFLICT (job_id) DO NOTHING
+    RETURNING id
+    """
+)
+
+_MARK_MAPPED = text(
+    """
+    UPDATE recognition_job
+       SET mapped_at = :now,
+           error_code = COALESCE(:error_code, error_code),
+           error_message = COALESCE(:error_message, error_message)
+     WHERE id = :id
+    """
+)
+
+_SETTLE_FILE = text(
+    """
+    UPDATE stored_file SET status = :status, status_reason = :reason, updated_at = :now
+     WHERE id = :file_id AND current_recognition_job_id = :job_id
+    """
+)
+
+
+async def load_result(
+    store: ResultReader, bucket: str | None, key: str | None, *, job_id: uuid.UUID, max_bytes: int
+) -> RecognitionResult | str:
+    """The validated result, or why it cannot be used; storage outages propagate."""
+    if bucket is None or key is None:
+        return "no result object registered"
+    try:
+        data = await store.get(bucket, key)
+    except PermanentError as exc:  # not found, unsafe key
+        return f"result object unreadable: {type(exc).__name__}"
+    if len(data) > max_bytes:
+        return f"result object too large ({len(data)} bytes)"
+    try:
+        result = RecognitionResult.model_validate(parse_json_object(data))
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        if isinstance(exc, ValidationError):
+            fields = sorted({str(e["loc"][0]) for e in exc.errors() if e["loc"]})[:5]
+            return f"result is not the contract ({', '.join(fields)})"
+        return "result is not a JSON object"
+    if result.job_id != job_id:
+        return "result names another job"
+    return result
+
+
+def judge(
+    result: RecognitionResult, *, service_status: str, settings: RecognitionSettings
+) -> Verdict:
+    """Check a valid result against its document type's required fields and the threshold."""
+    doc_type = settings.document_types.get(result.document_type)
+    required = doc_type.required_fields if doc_type else []
+    missing = [
+        name
+        for name in required
+        if name not in result.fields or result.fields[name].value in (None, "")
+    ]
+    low = sorted(
+        name
+        for name, value in result.fields.items()
+        if value.confidence < settings.confidence_threshold
+    )
+    reasons = []
+    if service_status == "needs_check":
+        reasons.append("the service asked for a check")
+    if doc_type is None:
+        reasons.append(f"unknown document type {result.document_type[:100]!r}")
+    if missing:
+        reasons.append(f"missing required fields: {', '.join(missing)}")
+    if low:
+        reasons.append(f"low confidence: {', '.join(low[:20])}")
+    ok = not reasons
+    document = {
+        "document_type": result.document_type,
+        "fields": {name: value.value for name, value in result.fields.items()},
+        "field_confidence": {name: value.confidence for name, value in result.fields.items()},
+        "missing_fields": missing,
+        "low_confidence_fields": low,
+        "status": "ok" if ok else "needs_check",
+    }
+    return Verdict(
+        file_status="RECOGNIZED" if ok else "NEEDS_CHECK",
+        reason=None if ok else "; ".join(reasons)[:MAX_REASON_CHARS],
+        retryable=bool(missing or low),
+        document=document,
+    )
+
+
+async def map_recognition_result(
+    sessions: async_sessionmaker[AsyncSession],
+    store: ResultReader,
+    job_id: uuid.UUID,
+    *,
+    settings: RecognitionSettings,
+    now: datetime | None = None,
+) -> MappingOutcome:
+    """Map one job's result; idempotent (a mapped job is left alone)."""
+    async with sessions() as session:
+        job = (await session.execute(_LOAD, {"id": job_id})).one_or_none()
+    if job is None:
+        logger.warning("Mapping skipped: recognition job %s does not exist", job_id)
+        return MappingOutcome(job_id, "unknown_job")
+    if job.mapped_at is not None:
+        return MappingOutcome(job_id, "already_mapped")
+    if job.status not in RESULT_STATUSES or job.result_msg_id is None:
+        # NOTE: an INVALID_REQUEST error never reached a service: there is no result to map.
+        logger.warning(
+            "Mapping skipped: recognition job %s is %s, not a result", job_id, job.status
+        )
+        return MappingOutcome(job_id, "not_a_result")
+
+    if job.status == "error":
+        reason = f"{job.error_code or 'SERVICE_ERROR'}: {job.error_message or ''}"
+        verdict = Verdict("ERROR", reason=reason[:MAX_REASON_CHARS], retryable=True)
+    else:
+        loaded = await load_result(
+            store, job.bucket, job.key, job_id=job_id, max_bytes=settings.max_result_bytes
+        )
+        if isinstance(loaded, str):
+            verdict = Verdict(
+                "ERROR", reason=f"INVALID_RESULT: {loaded}", retryable=True, invalid_result=loaded
+            )
+        else:
+            verdict = judge(loaded, service_status=job.status, settings=settings)
+    retry = verdict.retryable and job.attempt < settings.automatic_attempts
+    return await _write(sessions, job_id, verdict, retry=retry, now=now or utcnow())
+
+
+async def _write(
+    sessions: async_sessionmaker[AsyncSession],
+    job_id: uuid.UUID,
+    verdict: Verdict,
+    *,
+    retry: bool,
+    now: datetime,
+) -> MappingOutcome:
+    async with sessions() as session, session.begin():
+        row = (await session.execute(_LOCK, {"id": job_id})).one()
+        if row.mapped_at is not None:  # a parallel mapping of the same job won
+            return MappingOutcome(job_id, "already_mapped")
+        outcome = MappingOutcome(job_id, "mapped")
+        if verdict.document is not None:
+            outcome.document_id = await _insert_document(
+                session, row.file_id, job_id, verdict.document, now
+            )
+        await session.execute(
+            _MARK_MAPPED,
+            {
+                "id": job_id,
+                "now": now,
+                "error_code": "INVALID_RESULT" if verdict.invalid_result else None,
+                "error_message": verdict.invalid_result,
+            },
+        )
+        if not row.is_current:
+            logger.info("Result of job %s mapped; the file has a newer attempt", job_id)
+            return outcome
+        if retry:
+            actor_type, actor_id = MAPPING_ACTOR
+            outcome.replayed = await replay_job(
+                session,
+                job_id,
+                actor_type=actor_type,
+                actor_id=actor_id,
+                reason=f"automatic retry: {verdict.reason}",
+                now=now,
+                statuses=RESULT_STATUSES,
+            )
+            outcome.file_status = "UPLOADED"
+        else:
+            await session.execute(
+                _SETTLE_FILE,
+                {
+                    "status": verdict.file_status,
+                    "reason": verdict.reason,
+                    "now": now,
+                    "file_id": row.file_id,
+                    "job_id": job_id,
+                },
+            )
+            outcome.file_status = verdict.file_status
+            if row.mail_id is not None:
+                outcome.finalized_mail_ids = await finalize_mails(session, [row.mail_id], now=now)
+                outcome.finalized_mail_id = next(iter(outcome.finalized_mail_ids), None)
+    logger.info(
+        "Result of job %s mapped: file %s%s%s",
+        job_id,
+        outcome.file_status,
+        f", retried as {outcome.replayed.new_job_id}" if outcome.replayed else "",
+        f", mail {outcome.finalized_mail_id} final" if outcome.finalized_mail_id else "",
+    )
+    return outcome
+
+
+async def _insert_document(
+    session: AsyncSession, file_id: int, job_id: uuid.UUID, document: dict[str, Any], now: datetime
+) -> int:
+    params = {
+        "file_id": file_id,
+        "job_id": job_id,
+        "now": now,
+        "document_type": document["document_type"],
+        "status": document["status"],
+        **{
+            name: json.dumps(document[name])
+            for name in ("fields", "field_confidence", "missing_fields", "low_confidence_fields")
+        },
+    }
+    inserted = (await session.execute(_INSERT_DOCUMENT, params)).scalar_one_or_none()
+    if inserted is not None:
+        return int(inserted)
+    existing = await session.execute(
+        text("SELECT id FROM document WHERE job_id = :job_id"), {"job_id": job_id}
+    )
+    return int(existing.scalar_one())
+
+
+_UNMAPPED = text(
+    """
+    SELECT id FROM recognition_job
+     WHERE status IN ('done', 'needs_check', 'error')
+       AND mapped_at IS NULL
+       AND result_msg_id IS NOT NULL
+       AND finished_at < :before
+     ORDER BY finished_at
+     LIMIT :limit
+    """
+)
+
+
+async def find_unmapped_results(
+    sessions: async_sessionmaker[AsyncSession],
+    *,
+    settings: RecognitionSettings,
+    now: datetime | None = None,
+) -> list[uuid.UUID]:
+    """Results left unmapped longer than ``unmapped_after_s``: the sweep re-sends these."""
+    before = (now or utcnow()) - timedelta(seconds=settings.unmapped_after_s)
+    async with sessions() as session:
+        rows = await session.execute(
+            _UNMAPPED, {"before": before, "limit": settings.sweep_batch_size}
+        )
+        return [job_id for (job_id,) in rows]

@@ -1,0 +1,277 @@
+"""The transactional outbox: queued jobs become NATS requests (DESIGN.md §5).
+
+One pass is one short transaction: claim up to N candidate rows with
+``FOR UPDATE SKIP LOCKED`` (parallel publishers never take the same row), hand
+every request to the publisher, wait for one confirmation of the whole batch
+(a flush, or JetStream acks), then update the rows in a few set-based
+statements and commit. The row locks live only for that round trip; an ack
+that arrives meanwhile waits on the lock and applies after the commit.
+
+Republish number k is due ``k * ack_timeout`` after the first publish
+(``published_at`` keeps the first publish; ``metrics.republish_count`` counts).
+A crash after publishing and before the commit leaves the rows as they were:
+the next pass publishes them again under the same ``Nats-Msg-Id``, which
+JetStream's duplicate window drops and services dedupe on.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from pydantic import ValidationError
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from mailroom.adapters.nats import OutgoingMessage, PublishAck, RequestPublisher
+from mailroom.recognition.contracts import RecognitionRequest, dump, request_msg_id
+from mailroom.recognition.finality import (
+    MAX_REASON_CHARS,
+    fail_current_files,
+    finalize_mails,
+    object_metrics_sql,
+    republish_count_sql,
+    utcnow,
+)
+from mailroom.settings import NatsSettings, RecognitionSettings
+
+logger = logging.getLogger(__name__)
+
+_COUNT = republish_count_sql("j.metrics")
+
+# Candidates: queued, or published with no ack for ack_timeout times (republishes + 1), while
+# the reply deadline has not passed (the watchdog owns those).
+_CLAIM = text(
+    f"""
+    SELECT j.id, j.file_id, j.pipeline, j.status, j.attempt, j.reply_deadline,
+           j.request_subject, {_COUNT} AS republish_count,
+           f.original_name, f.file_type, o.bucket, o.key
+      FROM recognition_job AS j
+      JOIN stored_file AS f ON f.id = j.file_id
+      LEFT JOIN stored_object AS o ON o.id = f.object_id
+     WHERE j.status = 'queued'
+        OR (j.status = 'published'
+            AND j.reply_deadline > :now
+            AND j.published_at <= :now - make_interval(secs => :ack_timeout_s * ({_COUNT} + 1)))
+     ORDER BY j.requested_at, j.id
+     LIMIT :limit
+       FOR UPDATE OF j SKIP LOCKED
+    """
+)
+
+_MARK_PUBLISHED = text(
+    """
+    UPDATE recognition_job AS j
+       SET status = 'published', published_at = :now, reply_deadline = :deadline,
+           request_msg_id = v.msg_id, request_subject = v.subject
+      FROM unnest(CAST(:ids AS uuid[]), CAST(:msg_ids AS text[]), CAST(:subjects AS text[]))
+           AS v(id, msg_id, subject)
+     WHERE j.id = v.id
+    """
+)
+
+_MARK_REPUBLISHED = text(
+    f"""
+    UPDATE recognition_job AS j
+       SET metrics = {object_metrics_sql("j.metrics")}
+                     || jsonb_build_object('republish_count', {_COUNT} + 1)
+     WHERE j.id = ANY(:ids)
+    """
+)
+
+_MARK_FAILED = text(
+    """
+    UPDATE recognition_job AS j
+       SET status = :status, error_code = :code, error_message = v.message, finished_at = :now
+      FROM unnest(CAST(:ids AS uuid[]), CAST(:messages AS text[])) AS v(id, message)
+     WHERE j.id = v.id
+    """
+)
+
+
+@dataclass
+class OutboxPass:
+    """What one pass did; ``more`` asks the caller to run another pass now."""
+
+    skipped: bool = False
+    claimed: int = 0
+    published: list[uuid.UUID] = field(default_factory=list)
+    republished: list[uuid.UUID] = field(default_factory=list)
+    #: Publishes JetStream reported as duplicates (already in the stream).
+    duplicates: int = 0
+    dead_lettered: list[uuid.UUID] = field(default_factory=list)
+    invalid: list[uuid.UUID] = field(default_factory=list)
+    #: Jobs whose publish failed; rolled back, so they stay candidates.
+    failed: list[uuid.UUID] = field(default_factory=list)
+    error: str | None = None
+    finalized_mail_ids: list[int] = field(default_factory=list)
+    limit: int = 0
+
+    @property
+    def more(self) -> bool:
+        return not self.skipped and self.error is None and self.claimed >= self.limit > 0
+
+
+def request_subject(nats: NatsSettings, pipeline: str) -> str:
+    name = nats.tabular_subject if pipeline == "tabular" else nats.image_subject
+    return nats.subject(name)
+
+
+def _build_request(row: Any, deadline: datetime) -> RecognitionRequest:
+    return RecognitionRequest(
+        job_id=row.id,
+        file_id=row.file_id,
+        pipeline=row.pipeline,
+        file_type=row.file_type,
+        original_name=row.original_name,
+        s3={"bucket": row.bucket, "key": row.key},
+        reply_deadline=deadline,
+        attempt=row.attempt,
+    )
+
+
+def _describe(exc: ValidationError) -> str:
+    parts = [f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5]]
+    return ("invalid request: " + "; ".join(parts))[:MAX_REASON_CHARS]
+
+
+async def publish_recognition_requests(
+    sessions: async_sessionmaker[AsyncSession],
+    publisher: RequestPublisher,
+    *,
+    nats: NatsSettings,
+    recognition: RecognitionSettings,
+    now: datetime | None = None,
+    limit: int | None = None,
+) -> OutboxPass:
+    """Run one outbox pass over at most ``limit`` (default: the batch size setting) jobs."""
+    limit = limit or recognition.publish_batch_size
+    outcome = OutboxPass(limit=limit)
+    if not publisher.is_connected:
+        logger.warning("Outbox pass skipped: no NATS connection")
+        outcome.skipped = True
+        return outcome
+    now = now or utcnow()
+    first_deadline = now + timedelta(seconds=recognition.reply_deadline_s)
+
+    async with sessions() as session, session.begin():
+        rows = (
+            await session.execute(
+                _CLAIM,
+                {"now": now, "ack_timeout_s": recognition.ack_timeout_s, "limit": limit},
+            )
+        ).all()
+        outcome.claimed = len(rows)
+        messages: list[OutgoingMessage] = []
+        sending: list[tuple[Any, bool, str]] = []  # (row, is_republish, subject)
+        invalid_messages: list[str] = []
+        for row in rows:
+            republish = row.status == "published"
+            if republish and row.republish_count >= recognition.max_republish:
+                outcome.dead_lettered.append(row.id)
+                continue
+            deadline = row.reply_deadline if republish else first_deadline
+            subject = (republish and row.request_subject) or request_subject(nats, row.pipeline)
+            try:
+                request = _build_request(row, deadline)
+            except ValidationError as exc:
+                outcome.invalid.append(row.id)
+                invalid_messages.append(_describe(exc))
+                continue
+            msg_id = request_msg_id(row.id, row.attempt)
+            messages.append(OutgoingMessage(subject=subject, data=dump(request), msg_id=msg_id))
+            sending.append((row, republish, subject))
+
+        results = await publisher.publish_batch(messages) if messages else []
+
+        first: list[tuple[uuid.UUID, str, str]] = []
+        for (row, republish, subject), message, result in zip(
+            sending, messages, results, strict=True
+        ):
+            if not isinstance(result, PublishAck):
+                # NOTE: this job is left as it was; the pass ends after this batch.
+                outcome.failed.append(row.id)
+                outcome.error = outcome.error or f"{type(result).__name__}: {result}"
+                continue
+            outcome.duplicates += result.duplicate
+            if republish:
+                outcome.republished.append(row.id)
+            else:
+                outcome.published.append(row.id)
+                first.append((row.id, message.msg_id, subject))
+
+        if first:
+            await session.execute(
+                _MARK_PUBLISHED,
+                {
+                    "now": now,
+                    "deadline": first_deadline,
+                    "ids": [job_id for job_id, _, _ in first],
+                    "msg_ids": [msg_id for _, msg_id, _ in first],
+                    "subjects": [subject for _, _, subject in first],
+                },
+            )
+        if outcome.republished:
+            await session.execute(_MARK_REPUBLISHED, {"ids": outcome.republished})
+        mail_ids: set[int] = set()
+        if outcome.dead_lettered:
+            reason = f"no ack after {recognition.max_republish} republishes"
+            await _mark_failed(session, outcome.dead_lettered, "dlq", "NO_ACK", reason, now)
+            mail_ids |= await fail_current_files(
+                session, outcome.dead_lettered, reason=f"NO_ACK: {reason}", now=now
+            )
+        if outcome.invalid:
+            await _mark_failed(
+                session, outcome.invalid, "error", "INVALID_REQUEST", invalid_messages, now
+            )
+            mail_ids |= await fail_current_files(
+                session, outcome.invalid, reason="INVALID_REQUEST", now=now
+            )
+        outcome.finalized_mail_ids = await finalize_mails(session, mail_ids, now=now)
+
+    _log(outcome)
+    return outcome
+
+
+async def _mark_failed(
+    session: AsyncSession,
+    ids: list[uuid.UUID],
+    status: str,
+    code: str,
+    messages: str | list[str],
+    now: datetime,
+) -> None:
+    texts = [messages] * len(ids) if isinstance(messages, str) else messages
+    await session.execute(
+        _MARK_FAILED,
+        {"ids": ids, "messages": texts, "status": status, "code": code, "now": now},
+    )
+
+
+def _log(outcome: OutboxPass) -> None:
+    for job_id in outcome.dead_lettered:
+        logger.warning("Recognition job %s dead-lettered: no ack (NO_ACK)", job_id)
+    for job_id in outcome.invalid:
+        logger.warning(
+            "Recognition job %s failed: request cannot be built (INVALID_REQUEST)", job_id
+        )
+    if outcome.error is not None:
+        logger.warning(
+            "Outbox pass ended by a publish error after %d of %d jobs (%d rolled back): %s",
+            len(outcome.published) + len(outcome.republished),
+            outcome.claimed,
+            len(outcome.failed),
+            outcome.error[:200],
+        )
+    elif outcome.claimed:
+        logger.info(
+            "Outbox pass: %d published, %d republished (%d duplicates), %d dlq, %d invalid",
+            len(outcome.published),
+            len(outcome.republished),
+            outcome.duplicates,
+            len(outcome.dead_lettered),
+            len(outcome.invalid),
+        )

@@ -1,0 +1,149 @@
+"""The email channel's STARTTLS, SSL and login against aiosmtpd with a throwaway certificate."""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import ssl
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from aiosmtpd.controller import Controller
+from aiosmtpd.smtp import AuthResult
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from mailroom.adapters.channels import ChannelOutbound, ChannelRejected
+from mailroom.delivery.ports import Envelope
+from mailroom.devstack import free_port
+from mailroom.settings import DeliverySettings, EmailAccount
+from tests.fixtures.delivery import SmtpSinkHandler
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 (cert file, key file)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    folder = tmp_path_factory.mktemp("tls")
+    cert_path, key_path = folder / "cert.pem", folder / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_path, key_path
+
+
+@pytest.fixture
+def trusted(certificate, monkeypatch) -> ssl.SSLContext:
+    """Make the client's default context trust the certificate; the server's context."""
+    cert_path, key_path = certificate
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert_path))
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(cert_path, key_path)
+    return server
+
+
+def authenticate(server, session, envelope, mechanism, auth_data) -> AuthResult:
+    ok = auth_data.login == b"mailroom" and auth_data.password == b"s3cret"
+    return AuthResult(success=ok, handled=False)
+
+
+def start(handler, **kwargs) -> tuple[Controller, int]:
+    port = free_port()
+    controller = Controller(handler, hostname="127.0.0.1", port=port, **kwargs)
+    controller.start()
+    return controller, port
+
+
+@pytest.fixture
+def starttls_server(trusted) -> Iterator[tuple[SmtpSinkHandler, int]]:
+    handler = SmtpSinkHandler()
+    controller, port = start(
+        handler,
+        tls_context=trusted,
+        require_starttls=True,
+        authenticator=authenticate,
+        auth_required=True,
+    )
+    yield handler, port
+    controller.stop()
+
+
+@pytest.fixture
+def ssl_server(trusted) -> Iterator[tuple[SmtpSinkHandler, int]]:
+    handler = SmtpSinkHandler()
+    controller, port = start(handler, ssl_context=trusted)
+    yield handler, port
+    controller.stop()
+
+
+def envelope() -> Envelope:
+    return Envelope(3, "email", "tls", "ops@example.com", "Report", "all done", 1, 1)
+
+
+async def send_with(account: EmailAccount) -> None:
+    outbound = ChannelOutbound(DeliverySettings(email_accounts={"tls": account}))
+    try:
+        await outbound.sender("email", "tls")(envelope())
+    finally:
+        await outbound.aclose()
+
+
+async def test_starttls_and_login(starttls_server):
+    handler, port = starttls_server
+    await send_with(
+        EmailAccount(
+            port=port, security="starttls", username="mailroom", password="s3cret", timeout_s=5
+        )
+    )
+    assert [mail["to"] for mail in handler.mails] == [["ops@example.com"]]
+
+
+async def test_bad_credentials_are_permanent(starttls_server):
+    handler, port = starttls_server
+    with pytest.raises(ChannelRejected):
+        await send_with(
+            EmailAccount(
+                port=port, security="starttls", username="mailroom", password="wrong", timeout_s=5
+            )
+        )
+    assert handler.mails == []
+
+
+async def test_plain_connection_to_a_server_requiring_starttls_is_refused(starttls_server):
+    handler, port = starttls_server
+    with pytest.raises(ChannelRejected):
+        await send_with(EmailAccount(port=port, security="plain", timeout_s=5))
+    assert handler.mails == []
+
+
+async def test_implicit_ssl(ssl_server):
+    handler, port = ssl_server
+    await send_with(EmailAccount(port=port, security="ssl", timeout_s=5))
+    assert len(handler.mails) == 1

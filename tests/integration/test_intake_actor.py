@@ -1,0 +1,97 @@
+"""``poll_mailbox`` on the StubBroker: wired from resources, nudges the outbox, re-sends itself."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import psycopg
+import pytest
+from dramatiq import Worker
+
+import actors.resources
+from actors.intake import poll_mailbox
+from mailroom.settings import DatabaseSettings, IntakeSettings, Settings, StorageSettings
+from tests.fixtures.imap import csv_mail
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def settings(database_url, tmp_path, imap_server, imap_folder):
+    mailbox = imap_server.mailbox_settings("box", imap_folder, batch_size=2)
+    settings = Settings(
+        state_dir=tmp_path,
+        database=DatabaseSettings(url=database_url, pool_size=2),
+        storage=StorageSettings(kind="filesystem"),
+        intake=IntakeSettings(mailboxes=[mailbox]),
+    )
+    actors.resources.configure(settings)
+    return settings
+
+
+@pytest.fixture
+def intake_worker(settings, stub_broker):
+    """A worker on the intake queue only: the outbox queue is someone else's to run."""
+    worker = Worker(stub_broker, worker_timeout=100, queues={"intake"})
+    worker.start()
+    yield worker
+    worker.stop()
+
+
+def _query(settings, sql, *params):
+    dsn = settings.database.url.replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        cursor = conn.execute(sql, params)
+        return cursor.fetchall() if cursor.description else []
+
+
+def test_poll_stores_mail_nudges_the_publisher_and_polls_again_while_mail_waits(
+    settings, stub_broker, intake_worker, imap_server, imap_folder
+):
+    uids = imap_server.append(imap_folder, *(csv_mail(n) for n in range(3)))
+
+    poll_mailbox.send("box")
+    stub_broker.join("intake", fail_fast=True)
+    intake_worker.join()
+
+    stored = _query(settings, "SELECT uid FROM inbound_mail WHERE status = 'stored' ORDER BY uid")
+    assert [uid for (uid,) in stored] == uids, "a full batch of 2 re-sent the poll for the third"
+    assert stub_broker.queues["outbox"].qsize() == 3
+    assert stub_broker.dead_letters == []
+
+
+def test_unknown_mailbox_fails_permanently(settings, stub_broker, intake_worker):
+    poll_mailbox.send("nope")
+    stub_broker.join("intake", fail_fast=False)
+    intake_worker.join()
+    assert len(stub_broker.dead_letters) == 1
+
+
+def test_lost_lease_returns_normally_and_the_worker_takes_the_next_poll(
+    settings, stub_broker, intake_worker, imap_server, imap_folder
+):
+    settings.intake.lease_s = 0.6
+    box = settings.intake.mailboxes[0]
+    box.idle, box.idle_timeout_s = True, 20.0
+
+    def steal() -> None:
+        time.sleep(0.3)  # the poll is waiting in IDLE by now
+        _query(settings, "UPDATE mailbox_cursor SET lease_id = gen_random_uuid()")
+
+    thief = threading.Thread(target=steal)
+    thief.start()
+    started = time.monotonic()
+    poll_mailbox.send("box")
+    stub_broker.join("intake", fail_fast=True)
+    intake_worker.join()
+    thief.join()
+    assert time.monotonic() - started < 10, "the heartbeat cut the IDLE short"
+    assert stub_broker.dead_letters == []
+
+    (uid,) = imap_server.append(imap_folder, csv_mail(1))
+    time.sleep(0.7)  # the thief's lease runs out
+    poll_mailbox.send("box")
+    stub_broker.join("intake", fail_fast=True)
+    intake_worker.join()
+    assert _query(settings, "SELECT uid, status FROM inbound_mail") == [(uid, "stored")]

@@ -1,0 +1,111 @@
+"""One contract for the mailbox port, met by the in-memory fake and by imapclient on pymap."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+
+from mailroom.adapters.imap import (
+    ImapMailbox,
+    MailboxCommandFailed,
+    MailboxUnavailable,
+    MemoryServer,
+)
+from tests.fixtures.imap import make_mail
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(params=["fake", "real"])
+def mailbox_with_three_mails(request):
+    mails = [make_mail(n) for n in range(3)]
+    if request.param == "fake":
+        server = MemoryServer()
+        server.create_folder("box", uidvalidity=42, first_uid=101)
+        for raw in mails:
+            server.append("box", raw)
+        settings = request.getfixturevalue("imap_server").mailbox_settings("m", "box")
+        return server.factory()(settings), mails
+    imap_server = request.getfixturevalue("imap_server")
+    folder = request.getfixturevalue("imap_folder")
+    imap_server.append(folder, *mails)
+    return ImapMailbox(imap_server.mailbox_settings("m", folder)), mails
+
+
+async def test_mailbox_reads_new_uids_in_order_and_fetches_them(mailbox_with_three_mails):
+    box, mails = mailbox_with_three_mails
+    await box.connect()
+    try:
+        await box.check_health()
+        uidvalidity = await box.select(box.settings.folder)
+        assert uidvalidity > 0
+        uids = await box.uids_above(0)
+        assert len(uids) == 3 and uids == sorted(uids)
+        assert await box.uids_above(uids[-1]) == [], "the N:* quirk is filtered"
+        assert await box.uids_above(uids[0]) == uids[1:]
+        fetched = await box.fetch([uids[2], uids[0]])
+        assert [m.uid for m in fetched] == [uids[0], uids[2]]
+        assert [m.raw.replace(b"\r\n", b"\n") for m in fetched] == [
+            mails[0].replace(b"\r\n", b"\n"),
+            mails[2].replace(b"\r\n", b"\n"),
+        ]
+        assert all(m.internal_date is not None and m.internal_date.tzinfo for m in fetched)
+        with pytest.raises(MailboxCommandFailed):
+            await box.select("no-such-folder")
+    finally:
+        await box.close()
+
+
+async def test_idle_times_out_quietly_when_nothing_arrives(imap_server, imap_folder):
+    box = ImapMailbox(imap_server.mailbox_settings("m", imap_folder))
+    await box.connect()
+    try:
+        await box.select(imap_folder)
+        assert await box.idle(0.2) is False
+        assert await box.uids_above(0) == []
+    finally:
+        await box.close()
+
+
+async def test_close_during_a_cancelled_idle_ends_the_thread_and_the_socket(
+    imap_server, imap_folder
+):
+    box = ImapMailbox(imap_server.mailbox_settings("m", imap_folder))
+    await box.connect()
+    await box.select(imap_folder)
+    sock = box._client._imap.sock
+    idle = asyncio.create_task(box.idle(30))
+    await asyncio.sleep(0.2)
+    idle.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await idle
+    await asyncio.wait_for(box.close(), 5)
+    assert sock.fileno() == -1
+
+
+async def test_starttls_with_the_servers_ca_connects(imap_tls_server):
+    cert_file, _ = imap_tls_server.tls
+    folder = f"tls{uuid.uuid4().hex[:8]}"
+    imap_tls_server.create_folder(folder)
+    imap_tls_server.append(folder, make_mail(1))
+    box = ImapMailbox(
+        imap_tls_server.mailbox_settings("m", folder, security="starttls", ca_file=cert_file)
+    )
+    await box.connect()
+    try:
+        await box.select(folder)
+        assert len(await box.uids_above(0)) == 1
+        assert box._client._imap.sock.version().startswith("TLS")
+    finally:
+        await box.close()
+
+
+async def test_starttls_refuses_a_certificate_it_cannot_verify(imap_tls_server):
+    box = ImapMailbox(imap_tls_server.mailbox_settings("m", "INBOX", security="starttls"))
+    try:
+        with pytest.raises(MailboxUnavailable, match="SSLCertVerificationError"):
+            await box.connect()
+    finally:
+        await box.close()

@@ -1,0 +1,196 @@
+"""Intake against pymap and Postgres: ordered ingest, resumption, leases, concurrency."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import uuid
+
+import pytest
+from sqlalchemy import update
+
+from mailroom.adapters.imap import ImapMailbox
+from mailroom.adapters.storage import sha256_hex
+from mailroom.intake.poll import poll_mailbox
+from mailroom.models import MailboxCursor
+from tests.fixtures.imap import csv_mail, make_mail
+
+pytestmark = pytest.mark.integration
+
+
+async def test_mails_are_stored_in_uid_order_with_their_files_and_queued_jobs(intake_env):
+    uids = intake_env.append(*(csv_mail(n) for n in range(3)))
+
+    outcome = await intake_env.poll()
+
+    assert outcome.status == "done"
+    mails = await intake_env.mails()
+    assert [m.uid for m in mails] == uids
+    assert [m.subject for m in mails] == ["mail 0", "mail 1", "mail 2"]
+    assert all(m.status == "stored" and m.raw_object_id for m in mails)
+    assert [m.sender for m in mails] == [f"sender{n}@example.com" for n in range(3)]
+    assert all(len(m.content_sha256 or "") == 64 for m in mails)
+    files = await intake_env.files()
+    assert [f.original_name for f in files] == ["rates-0.csv", "rates-1.csv", "rates-2.csv"]
+    jobs = {j.id: j for j in await intake_env.jobs()}
+    for file in files:
+        job = jobs[file.current_recognition_job_id]
+        assert (job.file_id, job.pipeline, job.status, job.attempt) == (
+            file.id,
+            "tabular",
+            "queued",
+            1,
+        )
+    assert file.status == "UPLOADED"
+    assert len(intake_env.nudges) == 3
+    cursor = await intake_env.cursor()
+    assert (cursor.status, cursor.last_uid, cursor.lease_id, cursor.retry_count) == (
+        "idle",
+        uids[-1],
+        None,
+        0,
+    )
+    # The stored .eml is the mail, byte for byte.
+    sha = mails[0].content_sha256
+    raw = await intake_env.store.get("mailroom-mail", f"mail/{sha[:2]}/{sha}.eml")
+    assert b"Subject: mail 0" in raw and sha256_hex(raw) == sha
+
+
+async def test_a_second_poll_reads_only_new_mail(intake_env):
+    intake_env.append(csv_mail(1))
+    await intake_env.poll()
+    first = await intake_env.cursor()
+
+    outcome = await intake_env.poll()
+    assert outcome.status == "done"
+    assert outcome.result.ingested == 0  # the N:* quirk returned the last mail: filtered out
+
+    (uid,) = intake_env.append(csv_mail(2))
+    await intake_env.poll()
+    assert [m.uid for m in await intake_env.mails()] == [first.last_uid, uid]
+
+
+async def test_a_full_batch_says_more_mail_is_waiting(intake_env):
+    intake_env.settings.intake.mailboxes[0].batch_size = 2
+    uids = intake_env.append(*(make_mail(n) for n in range(5)))
+
+    first = await intake_env.poll()
+    assert first.more_waiting
+    assert (await intake_env.cursor()).last_uid == uids[1]
+    second = await intake_env.poll()
+    third = await intake_env.poll()
+    assert second.more_waiting and not third.more_waiting
+    assert [m.uid for m in await intake_env.mails()] == uids
+
+
+async def test_a_batch_cancelled_between_mails_resumes_without_loss_or_duplicates(intake_env):
+    uids = intake_env.append(*(csv_mail(n) for n in range(6)))
+    committed = asyncio.Event()
+    calls = 0
+
+    async def nudge_then_stall() -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            committed.set()
+            await asyncio.sleep(3600)  # the worker "dies" here, after the second commit
+
+    deps = dataclasses.replace(intake_env.deps(), nudge=nudge_then_stall)
+    task = asyncio.create_task(poll_mailbox("box", settings=intake_env.settings.intake, deps=deps))
+    await asyncio.wait_for(committed.wait(), 10)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task  # a shutdown's cancellation propagates
+
+    stuck = await intake_env.cursor()
+    assert stuck.status == "processing" and stuck.last_uid == uids[1]
+    assert (await intake_env.poll()).reason == "leased"  # the dead worker's lease is live
+    intake_env.clock.advance(intake_env.settings.intake.lease_s + 1)
+
+    outcome = await intake_env.poll()
+
+    assert outcome.status == "done"
+    assert [m.uid for m in await intake_env.mails()] == uids
+    assert len(await intake_env.jobs()) == 6
+
+
+async def test_lost_lease_stops_the_batch_at_the_next_fence(intake_env):
+    uids = intake_env.append(*(make_mail(n) for n in range(4)))
+    stolen = False
+
+    class StealAfterFirstFetch(ImapMailbox):
+        async def fetch(self, wanted):
+            nonlocal stolen
+            mails = await super().fetch(wanted)
+            if not stolen:
+                stolen = True
+                async with intake_env.sessions() as session, session.begin():
+                    await session.execute(update(MailboxCursor).values(lease_id=uuid.uuid4()))
+            return mails
+
+    outcome = await intake_env.poll(connect=StealAfterFirstFetch)
+
+    assert outcome.status == "lease_lost"
+    assert await intake_env.mails() == []
+    cursor = await intake_env.cursor()
+    assert cursor.last_uid == 0 and cursor.status == "processing"
+    # The thief's lease expires; the same worker then reads everything once.
+    intake_env.clock.advance(intake_env.settings.intake.lease_s + 1)
+    assert (await intake_env.poll()).status == "done"
+    assert [m.uid for m in await intake_env.mails()] == uids
+
+
+async def test_heartbeat_that_cannot_renew_cancels_only_the_batch(intake_env):
+    intake_env.settings.intake.lease_s = 0.3
+    intake_env.settings.intake.mailboxes[0].idle = True
+    intake_env.settings.intake.mailboxes[0].idle_timeout_s = 5.0
+
+    async def steal_soon() -> None:
+        await asyncio.sleep(0.05)
+        async with intake_env.sessions() as session, session.begin():
+            await session.execute(update(MailboxCursor).values(lease_id=uuid.uuid4()))
+
+    thief = asyncio.create_task(steal_soon())
+    started = asyncio.get_running_loop().time()
+    outcome = await intake_env.poll()  # waits in IDLE until the heartbeat gives up
+    await thief
+
+    assert outcome.status == "lease_lost"
+    assert asyncio.get_running_loop().time() - started < 3
+
+
+async def test_two_workers_polling_one_mailbox_ingest_each_uid_once(intake_env):
+    uids = intake_env.append(*(csv_mail(n) for n in range(8)))
+
+    outcomes = await asyncio.gather(*(intake_env.poll() for _ in range(4)))
+
+    statuses = sorted(o.status for o in outcomes)
+    assert statuses.count("done") == 1, statuses
+    assert all(o.reason == "leased" for o in outcomes if o.status == "skipped")
+    assert [m.uid for m in await intake_env.mails()] == uids
+    assert len(await intake_env.jobs()) == 8
+
+
+async def test_first_polls_racing_to_create_the_cursor_both_survive(intake_env):
+    outcomes = await asyncio.gather(intake_env.poll(), intake_env.poll())
+    assert sorted(o.status for o in outcomes) in (["done", "skipped"], ["done", "done"])
+    assert (await intake_env.cursor()).status == "idle"
+
+
+async def test_idle_wakes_up_when_a_mail_arrives(intake_env):
+    box = intake_env.settings.intake.mailboxes[0]
+    box.idle, box.idle_timeout_s = True, 20.0
+    loop = asyncio.get_running_loop()
+
+    async def deliver_later() -> None:
+        await asyncio.sleep(0.5)
+        await asyncio.to_thread(intake_env.append, csv_mail(7))
+
+    started = loop.time()
+    delivery = asyncio.create_task(deliver_later())
+    outcome = await intake_env.poll()
+    await delivery
+
+    assert outcome.status == "done" and outcome.result.ingested == 1
+    assert loop.time() - started < 10
+    assert [m.subject for m in await intake_env.mails()] == ["mail 7"]

@@ -1,0 +1,202 @@
+"""Actor wiring on the StubBroker with real Postgres and NATS: nudges, follow-ups, the whole loop."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+
+import nats as nats_py
+import pytest
+
+from actors import queues
+from actors.recognition import (
+    apply_recognition_message,
+    expire_recognition_deadlines,
+    map_recognition_result,
+    publish_recognition_requests,
+    sweep_unmapped_results,
+)
+from bridges.nats import NatsBridge
+from mailroom.adapters.nats import NatsClient
+from mailroom.adapters.storage import build_store
+
+pytestmark = pytest.mark.integration
+
+ALL = (queues.OUTBOX, queues.INBOX, queues.MAPPING, queues.MAINTENANCE)
+
+
+async def drain(stub_broker, stub_worker):
+    """Run queued actor messages (and the ones they send) until every queue is empty."""
+
+    def join() -> None:
+        for _ in range(5):
+            for queue in ALL:
+                stub_broker.join(queue, fail_fast=True)
+            stub_worker.join()
+
+    await asyncio.to_thread(join)
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def response(ref, status, **extra):
+    return json.dumps(
+        {
+            "schema_version": "1.0",
+            "job_id": str(ref.job_id),
+            "file_id": ref.file_id,
+            "status": status,
+            "service": {"name": "reader", "version": "1"},
+            **extra,
+        }
+    ).encode()
+
+
+@pytest.fixture
+async def listener(recognition_settings):
+    nc = await nats_py.connect(recognition_settings.nats.url)
+    try:
+        sub = await nc.subscribe(recognition_settings.nats.subject("files.tabular_uploaded"))
+        yield sub
+    finally:
+        await nc.close()
+
+
+async def test_publish_actor_publishes_every_queued_job_in_batches(
+    recognition_factory, recognition_resources, stub_broker, stub_worker, listener
+):
+    recognition_resources.recognition.publish_batch_size = 2
+    refs = [await recognition_factory.create_job() for _ in range(5)]
+
+    publish_recognition_requests.send()
+    await drain(stub_broker, stub_worker)
+
+    got = [await listener.next_msg(timeout=20) for _ in refs]
+    assert {m.headers["Nats-Msg-Id"] for m in got} == {f"{r.job_id}:1:request" for r in refs}
+    assert {(await recognition_factory.job(r.job_id))["status"] for r in refs} == {"published"}
+
+
+async def test_publish_actor_skips_the_pass_when_nats_is_down(
+    recognition_factory, recognition_resources, stub_broker, stub_worker
+):
+    recognition_resources.nats.url = "nats://127.0.0.1:1"
+    recognition_resources.nats.initial_connect_attempts = 1
+    ref = await recognition_factory.create_job()
+
+    publish_recognition_requests.send()
+    await drain(stub_broker, stub_worker)
+
+    assert (await recognition_factory.job(ref.job_id))["status"] == "queued"
+    assert not stub_broker.dead_letters
+
+
+async def test_bad_messages_among_good_ones_never_stop_the_good_ones(
+    recognition_factory, recognition_resources, stub_broker, stub_worker
+):
+    recognition_resources.recognition.max_message_bytes = 2_000
+    refs = [
+        await recognition_factory.create_job(status="published", reply_deadline="2999-01-01")
+        for _ in range(3)
+    ]
+    subject = recognition_resources.nats.subject("files.tabular_parsed")
+    bad = [b"{not json", b"[]", b'{"job_id": "nope"}', b" " * 2_001]
+    messages = [response(refs[0], "processing"), *bad[:2], response(refs[1], "processing")]
+    messages += [*bad[2:], response(refs[2], "processing")]
+    for data in messages:
+        apply_recognition_message.send(subject, b64(data), {})
+    apply_recognition_message.send(subject, "***not base64***", {})
+
+    await drain(stub_broker, stub_worker)
+
+    assert {(await recognition_factory.job(r.job_id))["status"] for r in refs} == {"processing"}
+    assert not stub_broker.dead_letters
+
+
+async def test_result_flows_from_nats_through_bridge_inbox_and_mapping_to_a_document(
+    recognition_factory, recognition_resources, stub_broker, stub_worker
+):
+    settings = recognition_resources
+    ref = await recognition_factory.create_job(status="published", reply_deadline="2999-01-01")
+    store = build_store(settings)
+    result = {
+        "schema_version": "1.0",
+        "job_id": str(ref.job_id),
+        "document_type": "generic",
+        "fields": {"title": {"value": "Q3", "confidence": 0.97}},
+    }
+    key = f"results/{ref.job_id}.json"
+    await store.put("results", key, json.dumps(result).encode(), media_type="application/json")
+    bridge = NatsBridge(
+        NatsClient(settings.nats), apply_recognition_message.send, settings=settings
+    )
+    task = asyncio.create_task(bridge.run())
+    await asyncio.wait_for(bridge.ready.wait(), 30)
+    nc = await nats_py.connect(settings.nats.url)
+    try:
+        subject = settings.nats.subject("files.tabular_parsed")
+        ack = response(ref, "processing")
+        done = response(ref, "done", result_s3={"bucket": store.bucket("results"), "key": key})
+        await nc.publish(subject, ack, headers={"Nats-Msg-Id": f"{ref.job_id}:1:ack"})
+        await nc.publish(subject, done, headers={"Nats-Msg-Id": f"{ref.job_id}:1:result"})
+        await nc.publish(subject, done, headers={"Nats-Msg-Id": f"{ref.job_id}:1:result"})
+        await nc.flush()
+        for _ in range(100):
+            if bridge.forwarded == 2:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)
+    finally:
+        bridge.stop()
+        await task
+        await nc.close()
+    assert bridge.forwarded == 2, "JetStream's duplicate window dropped the repeated result"
+
+    await drain(stub_broker, stub_worker)
+
+    [document] = await recognition_factory.rows("SELECT * FROM document")
+    assert document["fields"] == {"title": "Q3"}
+    assert (await recognition_factory.file(ref.file_id))["status"] == "RECOGNIZED"
+    assert (await recognition_factory.mail(ref.mail_id))["status"] == "final"
+
+
+async def test_failed_result_is_replayed_and_the_publisher_is_nudged(
+    recognition_factory, recognition_resources, stub_broker, stub_worker, listener
+):
+    ref = await recognition_factory.create_job(status="processing", reply_deadline="2999-01-01")
+    data = response(ref, "error", error={"code": "OCR_FAILED", "message": "blurry"})
+
+    apply_recognition_message.send("files.tabular_parsed", b64(data), {})
+    await drain(stub_broker, stub_worker)
+
+    retry = await listener.next_msg(timeout=20)
+    file = await recognition_factory.file(ref.file_id)
+    assert retry.headers["Nats-Msg-Id"] == f"{file['current_recognition_job_id']}:2:request"
+    new_job = await recognition_factory.job(file["current_recognition_job_id"])
+    assert (new_job["attempt"], new_job["status"]) == (2, "published")
+
+
+async def test_watchdog_and_unmapped_sweep_actors(
+    recognition_factory, recognition_resources, stub_broker, stub_worker
+):
+    late = await recognition_factory.create_job(status="published", reply_deadline="2000-01-01")
+    unmapped = await recognition_factory.create_job(
+        status="error",
+        error_code="OCR_FAILED",
+        attempt=2,
+        result_msg_id="x:2:result",
+        finished_at="2000-01-01",
+    )
+
+    expire_recognition_deadlines.send()
+    sweep_unmapped_results.send()
+    await drain(stub_broker, stub_worker)
+
+    assert (await recognition_factory.job(late.job_id))["status"] == "timeout"
+    assert (await recognition_factory.job(unmapped.job_id))["mapped_at"] is not None
+    assert (await recognition_factory.file(unmapped.file_id))["status"] == "ERROR"
+    map_recognition_result.send("not-a-uuid")
+    await drain(stub_broker, stub_worker)
+    assert not stub_broker.dead_letters

@@ -1,0 +1,343 @@
+"""The inbox (acks and results) against real Postgres, including its races."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import text
+
+from mailroom.adapters.nats import InMemoryPublisher
+from mailroom.db import create_engine, create_sessionmaker
+from mailroom.recognition.inbox import apply_recognition_message
+from mailroom.recognition.outbox import publish_recognition_requests
+from mailroom.recognition.watchdog import expire_recognition_deadlines
+from mailroom.settings import DatabaseSettings
+from tests.fixtures.recognition import at
+
+pytestmark = pytest.mark.integration
+
+T0 = at("12:00:00")
+SERVICE = {"name": "reader", "version": "2.1"}
+
+
+def body(ref, status, **extra):
+    message = {
+        "schema_version": "1.0",
+        "job_id": str(ref.job_id),
+        "file_id": ref.file_id,
+        "status": status,
+        "service": SERVICE,
+    }
+    if status in ("done", "needs_check"):
+        message["result_s3"] = {"bucket": "mailroom-results", "key": f"r/{ref.job_id}.json"}
+        message["result_schema_version"] = "1.0"
+    message.update(extra)
+    return json.dumps(message).encode()
+
+
+def msg_id(ref, kind, attempt=1):
+    return {"Nats-Msg-Id": f"{ref.job_id}:{attempt}:{kind}"}
+
+
+async def apply(sessions, data, headers=None, now=T0, subject="files.tabular_parsed"):
+    return await apply_recognition_message(
+        sessions, subject=subject, data=data, headers=headers or {}, max_bytes=4096, now=now
+    )
+
+
+@pytest.fixture
+async def published(recognition_factory):
+    return await recognition_factory.create_job(
+        status="published", published_at=T0, reply_deadline=T0 + timedelta(minutes=5)
+    )
+
+
+async def test_ack_moves_a_published_job_to_processing_and_its_file(
+    db_sessions, recognition_factory, published
+):
+    outcome = await apply(db_sessions, body(published, "processing"), msg_id(published, "ack"))
+
+    assert outcome.applied == "ack_applied" and outcome.map_job_id is None
+    job = await recognition_factory.job(published.job_id)
+    assert job["status"] == "processing"
+    assert job["started_at"] == T0
+    assert (job["service_name"], job["service_version"]) == ("reader", "2.1")
+    assert (await recognition_factory.file(published.file_id))["status"] == "PROCESSING"
+
+
+async def test_repeated_ack_is_ignored_quietly_and_ack_in_other_status_warns(
+    db_sessions, recognition_factory, published, mailroom_logs
+):
+    await apply(db_sessions, body(published, "processing"), msg_id(published, "ack"))
+    repeated = await apply(
+        db_sessions, body(published, "processing"), msg_id(published, "ack"), now=T0 + timedelta(1)
+    )
+    assert repeated.applied == "ack_repeated"
+    assert mailroom_logs.messages() == []
+    assert (await recognition_factory.job(published.job_id))["started_at"] == T0
+
+    queued = await recognition_factory.create_job()
+    outcome = await apply(db_sessions, body(queued, "processing"), msg_id(queued, "ack"))
+    assert outcome.applied == "ack_unexpected"
+    assert (await recognition_factory.job(queued.job_id))["status"] == "queued"
+    assert any("in status queued" in m for m in mailroom_logs.messages())
+
+
+async def test_ack_does_not_move_a_file_out_of_a_final_status(db_sessions, recognition_factory):
+    ref = await recognition_factory.create_job(
+        status="published", reply_deadline=T0 + timedelta(minutes=5), file_status="NEEDS_CHECK"
+    )
+    await apply(db_sessions, body(ref, "processing"), msg_id(ref, "ack"))
+    assert (await recognition_factory.file(ref.file_id))["status"] == "NEEDS_CHECK"
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"not json at all",
+        b"[1, 2, 3]",
+        json.dumps({"job_id": "j-1", "status": "SECRET-BODY", "extra": "SECRET-BODY"}).encode(),
+        json.dumps({"job_id": "x" * 500, "service": {"name": "SECRET-BODY"}}).encode(),
+        b"\xff\xfe\x00",
+        b"{" * 5000,
+    ],
+)
+async def test_invalid_body_is_rejected_with_a_warning_that_never_holds_the_body(
+    db_sessions, data, mailroom_logs
+):
+    outcome = await apply(db_sessions, data, subject="p.files.tabular_parsed")
+
+    assert outcome.applied == "rejected"
+    [warning] = mailroom_logs.messages()
+    assert "p.files.tabular_parsed" in warning
+    assert f"{len(data)} bytes" in warning
+    assert "SECRET-BODY" not in warning
+    assert len(warning) < 400, "the job id is truncated"
+
+
+async def test_done_result_without_result_s3_is_not_the_contract(db_sessions, published):
+    data = json.loads(body(published, "done"))
+    del data["result_s3"]
+    outcome = await apply(db_sessions, json.dumps(data).encode(), msg_id(published, "result"))
+    assert outcome.applied == "rejected"
+
+
+async def test_unknown_job_and_file_mismatch_change_nothing(
+    db_sessions, recognition_factory, published, mailroom_logs
+):
+    ghost = type(published)(uuid.uuid4(), published.file_id, None, None)
+    assert (await apply(db_sessions, body(ghost, "processing"))).applied == "unknown_job"
+
+    wrong_file = type(published)(published.job_id, published.file_id + 1000, None, None)
+    outcome = await apply(db_sessions, body(wrong_file, "done"), msg_id(published, "result"))
+    assert outcome.applied == "file_mismatch"
+    assert (await recognition_factory.job(published.job_id))["status"] == "published"
+    assert len(mailroom_logs.messages()) == 2
+
+
+async def test_missing_msg_id_is_derived_from_the_job_and_warned(
+    db_sessions, recognition_factory, published, mailroom_logs
+):
+    outcome = await apply(db_sessions, body(published, "done"), headers={})
+
+    assert outcome.applied == "result_applied"
+    job = await recognition_factory.job(published.job_id)
+    assert job["result_msg_id"] == f"{published.job_id}:1:result"
+    assert any("no Nats-Msg-Id" in m for m in mailroom_logs.messages())
+
+
+async def test_done_result_is_applied_with_object_metrics_and_counters(
+    db_sessions, recognition_factory
+):
+    ref = await recognition_factory.create_job(
+        status="processing",
+        reply_deadline=T0 + timedelta(minutes=5),
+        metrics={"republish_count": 2, "source": "ours", "clash": "ours"},
+    )
+    metrics = {
+        "fields_total": 9,
+        "fields_low_confidence": 2,
+        "fields_unrecognized": 1,
+        "clash": "theirs",
+        "ms": 40,
+    }
+
+    outcome = await apply(db_sessions, body(ref, "done", metrics=metrics), msg_id(ref, "result"))
+
+    assert outcome.applied == "result_applied" and outcome.map_job_id == ref.job_id
+    job = await recognition_factory.job(ref.job_id)
+    assert job["status"] == "done"
+    assert job["finished_at"] == T0
+    assert job["service_name"] == "reader"
+    assert job["metrics"] == {"republish_count": 2, "source": "ours", **metrics}
+    assert (job["fields_total"], job["fields_low_confidence"], job["fields_unrecognized"]) == (
+        9,
+        2,
+        1,
+    )
+    assert job["result_schema_version"] == "1.0"
+    assert job["result_msg_id"] == f"{ref.job_id}:1:result"
+    [obj] = await recognition_factory.rows(
+        "SELECT * FROM stored_object WHERE id = :id", {"id": job["result_object_id"]}
+    )
+    assert (obj["bucket_role"], obj["key"]) == ("results", f"r/{ref.job_id}.json")
+    assert (await recognition_factory.file(ref.file_id))["status"] == "PROCESSING"
+
+
+async def test_result_object_is_reused_when_already_registered(db_sessions, recognition_factory):
+    one = await recognition_factory.create_job(status="processing")
+    two = await recognition_factory.create_job(status="processing")
+    shared = {"result_s3": {"bucket": "mailroom-results", "key": "shared.json"}}
+
+    await apply(db_sessions, body(one, "done", **shared), msg_id(one, "result"))
+    await apply(db_sessions, body(two, "done", **shared), msg_id(two, "result"))
+
+    ids = {(await recognition_factory.job(r.job_id))["result_object_id"] for r in (one, two)}
+    assert len(ids) == 1
+
+
+async def test_error_result_fails_the_file_with_code_and_message(
+    db_sessions, recognition_factory, published
+):
+    error = {"code": "UNREADABLE", "message": "page 2 is blank"}
+    outcome = await apply(
+        db_sessions, body(published, "error", error=error), msg_id(published, "result")
+    )
+
+    assert outcome.map_job_id == published.job_id
+    job = await recognition_factory.job(published.job_id)
+    assert (job["status"], job["error_code"], job["error_message"]) == (
+        "error",
+        "UNREADABLE",
+        "page 2 is blank",
+    )
+    assert job["result_object_id"] is None
+    file = await recognition_factory.file(published.file_id)
+    assert file["status"] == "ERROR" and "UNREADABLE" in file["status_reason"]
+
+
+async def test_duplicate_result_changes_nothing(db_sessions, recognition_factory, published):
+    await apply(db_sessions, body(published, "done"), msg_id(published, "result"))
+    before = await recognition_factory.job(published.job_id)
+
+    again = await apply(
+        db_sessions, body(published, "done"), msg_id(published, "result"), now=T0 + timedelta(1)
+    )
+
+    assert again.applied == "result_duplicate" and again.map_job_id is None
+    assert await recognition_factory.job(published.job_id) == before
+
+
+async def test_late_result_for_a_final_job_warns_and_changes_nothing(
+    db_sessions, recognition_factory, mailroom_logs
+):
+    ref = await recognition_factory.create_job(
+        status="timeout", error_code="TIMEOUT", file_status="ERROR"
+    )
+
+    outcome = await apply(db_sessions, body(ref, "done"), msg_id(ref, "result"))
+
+    assert outcome.applied == "result_late"
+    job = await recognition_factory.job(ref.job_id)
+    assert (job["status"], job["result_msg_id"]) == ("timeout", None)
+    assert any("Late result" in m for m in mailroom_logs.messages())
+
+
+async def test_result_before_its_ack_is_applied_and_the_late_ack_is_ignored(
+    db_sessions, recognition_factory, published
+):
+    result = await apply(db_sessions, body(published, "done"), msg_id(published, "result"))
+    ack = await apply(db_sessions, body(published, "processing"), msg_id(published, "ack"))
+
+    assert (result.applied, ack.applied) == ("result_applied", "ack_unexpected")
+    assert (await recognition_factory.job(published.job_id))["status"] == "done"
+
+
+async def test_answer_to_an_old_attempt_never_changes_the_file(db_sessions, recognition_factory):
+    old = await recognition_factory.create_job(status="processing", current=False)
+    await recognition_factory.create_job(file_id=old.file_id, attempt=2)
+
+    await apply(db_sessions, body(old, "error", error={"code": "X"}), msg_id(old, "result"))
+
+    assert (await recognition_factory.job(old.job_id))["status"] == "error"
+    assert (await recognition_factory.file(old.file_id))["status"] == "UPLOADED"
+
+
+async def test_ack_waits_for_the_publisher_holding_the_row_and_applies_after_its_commit(
+    db_sessions, recognition_factory, recognition_settings
+):
+    ref = await recognition_factory.create_job()
+    release, holding = asyncio.Event(), asyncio.Event()
+
+    class HoldingPublisher(InMemoryPublisher):
+        async def publish_batch(self, messages):
+            holding.set()
+            await release.wait()
+            return await super().publish_batch(messages)
+
+    publishing = asyncio.create_task(
+        publish_recognition_requests(
+            db_sessions,
+            HoldingPublisher(),
+            nats=recognition_settings.nats,
+            recognition=recognition_settings.recognition,
+            now=T0,
+        )
+    )
+    await holding.wait()
+    ack = asyncio.create_task(apply(db_sessions, body(ref, "processing"), msg_id(ref, "ack")))
+    await asyncio.sleep(0.3)
+    assert not ack.done(), "the ack waits for the publisher's row lock"
+    release.set()
+    await publishing
+
+    assert (await ack).applied == "ack_applied"
+    assert (await recognition_factory.job(ref.job_id))["status"] == "processing"
+
+
+@pytest.mark.parametrize("first", ["watchdog", "result"])
+async def test_watchdog_and_result_race_whoever_locks_first_decides(
+    db_sessions, recognition_factory, first
+):
+    ref = await recognition_factory.create_job(
+        status="processing", reply_deadline=T0 - timedelta(seconds=1)
+    )
+    # Hold the row so both contenders queue on its lock, in a known order.
+    async with db_sessions() as blocker, blocker.begin():
+        await blocker.execute(
+            text("SELECT 1 FROM recognition_job WHERE id = :id FOR UPDATE"), {"id": ref.job_id}
+        )
+        contenders = {
+            "watchdog": lambda: expire_recognition_deadlines(db_sessions, now=T0),
+            "result": lambda: apply(db_sessions, body(ref, "done"), msg_id(ref, "result")),
+        }
+        second = "result" if first == "watchdog" else "watchdog"
+        task_first = asyncio.create_task(contenders[first]())
+        await asyncio.sleep(0.2)
+        task_second = asyncio.create_task(contenders[second]())
+        await asyncio.sleep(0.2)
+    results = {first: await task_first, second: await task_second}
+
+    job = await recognition_factory.job(ref.job_id)
+    file = await recognition_factory.file(ref.file_id)
+    if first == "watchdog":
+        assert results["watchdog"].timed_out == [ref.job_id]
+        assert results["result"].applied == "result_late"
+        assert (job["status"], file["status"]) == ("timeout", "ERROR")
+    else:
+        assert results["result"].applied == "result_applied"
+        assert results["watchdog"].timed_out == []
+        assert (job["status"], file["status"]) == ("done", "PROCESSING")
+
+
+async def test_database_errors_propagate_so_the_actor_retries(published, postgres_server):
+    engine = create_engine(DatabaseSettings(url=postgres_server.url("no_such_database")))
+    try:
+        with pytest.raises(Exception, match="no_such_database"):
+            await apply(create_sessionmaker(engine), body(published, "processing"))
+    finally:
+        await engine.dispose()

@@ -1,0 +1,234 @@
+"""Delivery parts without network: chunks, stream entries, lease runner, channel registry,
+middleware chain, error mapping of the webhook and email channels."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+
+import httpx
+import pytest
+
+from mailroom.adapters import channels
+from mailroom.adapters.channels import ChannelOutbound, ChannelRejected, ChannelUnavailable
+from mailroom.adapters.channels.email import _by_code, build_mail
+from mailroom.adapters.channels.webhook import _check, parse_retry_after
+from mailroom.delivery.chunks import ChunkPlan, split_body
+from mailroom.delivery.contracts import decode_entry, encode_entry
+from mailroom.delivery.locks import LockOwner, run_under_lease
+from mailroom.delivery.ports import Envelope
+from mailroom.errors import LeaseLost, RateLimited
+from mailroom.settings import DeliverySettings
+
+
+def test_split_body_keeps_words_whole_and_loses_nothing():
+    body = "alpha beta gamma\ndelta epsilon zeta eta theta"
+    chunks = split_body(body, 12)
+    assert "".join(chunks) == body
+    assert all(len(c) <= 12 for c in chunks)
+    assert chunks[0] == "alpha beta "
+
+
+def test_split_body_cuts_hard_when_there_is_no_break_and_keeps_empty_bodies():
+    assert split_body("x" * 25, 10) == ["x" * 10, "x" * 10, "x" * 5]
+    assert split_body("", 10) == [""]
+    with pytest.raises(ValueError):
+        split_body("x", 0)
+
+
+def test_chunk_plan_resumes_at_the_first_unsent_chunk_with_the_recorded_size():
+    record = {"size": 5, "total": 4, "status": {"1": "sent", "2": "sent", "3": "failed"}}
+    plan = ChunkPlan.load("a" * 20, record, default_size=100)
+    assert plan.total == 4 and plan.unsent() == [3, 4] and plan.sent_count == 2
+    plan.mark(3, "sent")
+    assert plan.record()["status"]["3"] == "sent"
+    assert ChunkPlan.load("abc", "garbage", default_size=2).unsent() == [1, 2]  # type: ignore[arg-type]
+
+
+def test_stream_entries_round_trip_and_malformed_ones_are_none():
+    assert decode_entry({k.encode(): v.encode() for k, v in encode_entry(42).items()}) == 42
+    for fields in (
+        {},
+        {b"payload": b"{"},
+        {b"payload": b"[]"},
+        {b"payload": b'{"message_id": "x"}'},
+        {b"payload": b'{"message_id": 0}'},
+        {b"other": b"1"},
+    ):
+        assert decode_entry(fields) is None
+
+
+def test_lock_owner_guards_one_attempt_per_message_in_a_process():
+    owner = LockOwner("host-1", started_at=5.0)
+    assert owner.enter(1) and not owner.enter(1) and owner.enter(2)
+    owner.leave(1)
+    assert owner.enter(1)
+    assert LockOwner("host-1", started_at=5.0).token == owner.token
+    assert LockOwner("host-1", started_at=6.0).token != owner.token
+
+
+async def test_run_under_lease_renews_while_work_runs():
+    renewals = []
+
+    async def renew():
+        renewals.append(1)
+        return True
+
+    async def work():
+        await asyncio.sleep(0.1)
+        return "done"
+
+    assert await run_under_lease(work(), renew=renew, interval_s=0.02) == "done"
+    assert len(renewals) >= 3
+
+
+@pytest.mark.parametrize("failure", ["refused", "error"])
+async def test_run_under_lease_cancels_work_when_renewal_fails(failure):
+    cancelled = []
+
+    async def renew():
+        if failure == "error":
+            raise ConnectionError("redis gone")
+        return False
+
+    async def work():
+        try:
+            await asyncio.sleep(5)
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+
+    with pytest.raises(LeaseLost):
+        await run_under_lease(work(), renew=renew, interval_s=0.01)
+    assert cancelled == [True]
+
+
+async def test_run_under_lease_lets_outside_cancellation_through():
+    async def renew():
+        return True
+
+    task = asyncio.create_task(run_under_lease(asyncio.sleep(5), renew=renew, interval_s=0.01))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+def test_retry_after_accepts_seconds_and_http_dates():
+    now = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
+    assert parse_retry_after("120") == 120
+    assert parse_retry_after("Thu, 01 Jan 2026 12:00:30 GMT", now=now) == 30
+    assert parse_retry_after("Thu, 01 Jan 2026 11:00:00 GMT", now=now) == 0
+    assert parse_retry_after("soon") is None and parse_retry_after(None) is None
+    assert parse_retry_after("999999") == 3600
+
+
+@pytest.mark.parametrize(
+    ("status", "headers", "error"),
+    [
+        (429, {"Retry-After": "5"}, RateLimited),
+        (429, {}, ChannelUnavailable),
+        (500, {}, ChannelUnavailable),
+        (503, {}, ChannelUnavailable),
+        (400, {}, ChannelRejected),
+        (410, {}, ChannelRejected),
+        (301, {}, ChannelRejected),
+    ],
+)
+def test_webhook_status_codes_map_to_error_kinds(status, headers, error):
+    with pytest.raises(error):
+        _check(httpx.Response(status, headers=headers))
+
+
+def test_webhook_2xx_is_success():
+    for status in (200, 201, 202, 204):
+        _check(httpx.Response(status))
+
+
+def test_smtp_codes_map_to_retryable_and_permanent():
+    assert isinstance(_by_code(421, "busy"), ChannelUnavailable)
+    assert isinstance(_by_code(452, "full"), ChannelUnavailable)
+    assert isinstance(_by_code(550, "no"), ChannelRejected)
+    assert isinstance(_by_code(554, "no"), ChannelRejected)
+
+
+def test_email_chunks_number_their_subject():
+    envelope = Envelope(7, "email", "default", "a@example.com", None, "body", 2, 3)
+    mail = build_mail(envelope, "mailroom@example.org")
+    assert mail["Subject"] == "Notification 7 (2/3)"
+    assert mail["Message-ID"] == "<mailroom.7.2@example.org>"
+
+
+class FakeChannel:
+    instances: list[FakeChannel] = []
+
+    def __init__(self, account: str, settings: DeliverySettings) -> None:
+        self.account = account
+        self.sent: list[Envelope] = []
+        self.closed = False
+        FakeChannel.instances.append(self)
+
+    async def send(self, envelope: Envelope) -> None:
+        self.sent.append(envelope)
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+@pytest.fixture
+def fake_plugin():
+    channels.register("unit-fake", idempotent=True)(FakeChannel)
+    FakeChannel.instances.clear()
+    yield
+    channels._PLUGINS.pop("unit-fake", None)
+
+
+def test_builtin_channels_register_themselves():
+    found = channels.discover()
+    assert {"log", "webhook", "email"} <= set(found)
+    assert found["webhook"].idempotent and not found["email"].idempotent
+
+
+async def test_a_registered_plugin_is_used_behind_its_middleware_chain(fake_plugin):
+    calls: list[str] = []
+
+    class Tag:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def wrap(self, send):
+            async def tagged(envelope):
+                calls.append(self.name)
+                await send(envelope)
+
+            return tagged
+
+    outbound = ChannelOutbound(DeliverySettings())
+    outbound.middleware_factories = [
+        lambda channel, account, settings, redis: Tag("outer"),
+        lambda channel, account, settings, redis: None,  # does not apply
+        lambda channel, account, settings, redis: Tag("inner"),
+    ]
+    envelope = Envelope(1, "unit-fake", "a", "r", None, "b", 1, 1)
+    await outbound.sender("unit-fake", "a")(envelope)
+    assert calls == ["outer", "inner"]
+    assert FakeChannel.instances[0].sent == [envelope]
+    assert outbound.is_idempotent("unit-fake")
+
+
+async def test_invalidate_closes_the_channel_and_rebuilds_on_next_use(fake_plugin):
+    outbound = ChannelOutbound(DeliverySettings())
+    first = outbound.sender("unit-fake", "a")
+    await outbound.invalidate("unit-fake", "a")
+    assert FakeChannel.instances[0].closed
+    assert outbound.sender("unit-fake", "a") is not first
+    await outbound.aclose()
+    assert FakeChannel.instances[1].closed
+
+
+def test_rate_limits_need_a_redis_client():
+    from mailroom.settings import RateLimit
+
+    settings = DeliverySettings(rate_limits={"log:default": RateLimit(per_second=1)})
+    with pytest.raises(ValueError):
+        ChannelOutbound(settings).sender("log", "default")

@@ -1,0 +1,71 @@
+"""The mailbox port: the ``N:*`` quirk, vendor error translation, and the in-memory fake."""
+
+from __future__ import annotations
+
+import imaplib
+
+import pytest
+from imapclient.exceptions import LoginError
+
+from mailroom.adapters.imap import (
+    MailboxCommandFailed,
+    MailboxLoginRejected,
+    MailboxUnavailable,
+    MemoryServer,
+    _translate_errors,
+    filter_uids_above,
+)
+from mailroom.errors import PermanentError, RetryableError
+from mailroom.settings import MailboxSettings
+
+
+def test_uid_search_results_are_filtered_to_uids_above_the_cursor():
+    assert filter_uids_above([7], 10) == [], "N:* matched the highest UID, which is below N"
+    assert filter_uids_above([13, 11, 12, 11], 10) == [11, 12, 13]
+
+
+@pytest.mark.parametrize(
+    ("error", "expected", "kind"),
+    [
+        (LoginError("[AUTHENTICATIONFAILED] no"), MailboxLoginRejected, PermanentError),
+        (imaplib.IMAP4.abort("socket error: EOF"), MailboxUnavailable, RetryableError),
+        (TimeoutError("timed out"), MailboxUnavailable, RetryableError),
+        (ConnectionResetError("reset"), MailboxUnavailable, RetryableError),
+        (imaplib.IMAP4.error("SELECT failed: NO"), MailboxCommandFailed, RetryableError),
+    ],
+)
+def test_vendor_errors_are_translated_and_keep_their_cause(error, expected, kind):
+    with pytest.raises(expected) as caught, _translate_errors("CMD"):
+        raise error
+    assert isinstance(caught.value, kind)
+    assert caught.value.__cause__ is error
+    assert str(caught.value).startswith("CMD: ")
+
+
+async def test_fake_mailbox_mimics_the_search_quirk_and_fetches_in_uid_order():
+    server = MemoryServer()
+    server.create_folder("INBOX", uidvalidity=9, first_uid=100)
+    for n in range(3):
+        server.append("INBOX", b"Subject: %d\r\n\r\n" % n)
+    box = server.factory()(MailboxSettings(name="m"))
+    await box.connect()
+    await box.check_health()
+    assert await box.select("INBOX") == 9
+    assert await box.uids_above(0) == [100, 101, 102]
+    assert await box.uids_above(102) == []
+    fetched = await box.fetch([102, 100, 55])
+    assert [m.uid for m in fetched] == [100, 102]
+    assert fetched[0].raw.startswith(b"Subject: 0")
+    assert await box.idle(0.01) is False
+    await box.close()
+    assert not box.connected
+
+
+async def test_fake_mailbox_fails_like_the_real_one():
+    server = MemoryServer(password="right")
+    box = server.factory()(MailboxSettings(name="m"))
+    with pytest.raises(MailboxLoginRejected):
+        await box.connect()
+    server.down = True
+    with pytest.raises(MailboxUnavailable):
+        await box.connect()

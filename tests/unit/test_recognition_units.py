@@ -1,0 +1,155 @@
+"""Recognition pieces without servers: the fake publisher, parsing, judging, error translation."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import nats.errors
+import pytest
+
+from bridges.nats import NatsBridge
+from mailroom.adapters.nats import (
+    IncomingMessage,
+    InMemoryPublisher,
+    NatsClient,
+    NatsPublishFailed,
+    NatsUnavailable,
+    OutgoingMessage,
+    _translate_errors,
+)
+from mailroom.recognition.contracts import RecognitionResult
+from mailroom.recognition.finality import short_repr
+from mailroom.recognition.inbox import InvalidMessage, parse_response
+from mailroom.recognition.mapping import judge
+from mailroom.recognition.outbox import request_subject
+from mailroom.settings import NatsSettings, RecognitionSettings, Settings
+
+
+def _message(n: int) -> OutgoingMessage:
+    return OutgoingMessage(subject="s", data=b"{}", msg_id=f"j{n}:1:request")
+
+
+async def test_fake_publisher_records_dedupes_and_fails_on_request():
+    publisher = InMemoryPublisher(fail_at=3)
+    first = await publisher.publish_batch([_message(1), _message(2), _message(1)])
+    assert [r.duplicate for r in first] == [False, False, True]
+    second = await publisher.publish_batch([_message(3), _message(4)])
+    assert all(isinstance(r, NatsPublishFailed) for r in second)
+    assert len(publisher.published) == 3
+
+
+async def test_client_that_never_connected_reports_unavailable():
+    client = NatsClient(NatsSettings())
+    assert not client.is_connected
+    with pytest.raises(NatsUnavailable):
+        await client.publish(_message(1))
+
+
+@pytest.mark.parametrize(
+    ("error", "expected"),
+    [
+        (nats.errors.TimeoutError(), NatsPublishFailed),
+        (TimeoutError(), NatsPublishFailed),
+        (nats.errors.ConnectionClosedError(), NatsUnavailable),
+        (ConnectionRefusedError(), NatsUnavailable),
+        (nats.errors.MaxPayloadError(), NatsPublishFailed),
+    ],
+)
+def test_vendor_errors_are_translated_with_their_cause(error, expected):
+    with pytest.raises(expected) as caught, _translate_errors("publish"):
+        raise error
+    assert caught.value.__cause__ is error
+
+
+def test_request_subject_follows_the_pipeline_and_prefix():
+    settings = NatsSettings(subject_prefix="dev.")
+    assert request_subject(settings, "tabular") == "dev.files.tabular_uploaded"
+    assert request_subject(settings, "image") == "dev.files.img_uploaded"
+
+
+def _response(**changes):
+    body = {
+        "schema_version": "1.0",
+        "job_id": str(uuid.uuid4()),
+        "file_id": 1,
+        "status": "processing",
+        "service": {"name": "r", "version": "1"},
+        "unknown_key": "tolerated",
+    }
+    body.update(changes)
+    return json.dumps(body).encode()
+
+
+def test_parse_response_accepts_the_contract_and_rejects_the_rest():
+    assert parse_response(_response()).is_ack
+    for bad in (b"", b"nul", b'"text"', _response(status="finished"), _response(file_id="one")):
+        with pytest.raises(InvalidMessage):
+            parse_response(bad)
+    with pytest.raises(InvalidMessage) as caught:
+        parse_response(_response(status="done"))
+    assert "result_s3" in caught.value.args[0]
+
+
+def test_short_repr_escapes_and_truncates():
+    assert short_repr("a\nb") == "'a\\nb'"
+    assert len(short_repr("x" * 1000)) == 80
+
+
+def _result(document_type="invoice", **fields):
+    return RecognitionResult(
+        job_id=uuid.uuid4(),
+        document_type=document_type,
+        fields={name: {"value": v, "confidence": c} for name, (v, c) in fields.items()},
+    )
+
+
+def test_judge_checks_required_fields_confidence_and_document_type():
+    settings = RecognitionSettings()
+    ok = judge(
+        _result(invoice_number=("1", 0.9), total=(5, 0.99)),
+        service_status="done",
+        settings=settings,
+    )
+    assert (ok.file_status, ok.retryable, ok.document["status"]) == ("RECOGNIZED", False, "ok")
+
+    missing = judge(_result(invoice_number=("", 0.9)), service_status="done", settings=settings)
+    assert missing.file_status == "NEEDS_CHECK" and missing.retryable
+    assert missing.document["missing_fields"] == ["invoice_number", "total"]
+
+    low = judge(_result("generic", title=("x", 0.5)), service_status="done", settings=settings)
+    assert low.retryable and low.document["low_confidence_fields"] == ["title"]
+
+    unknown = judge(_result("recipe"), service_status="done", settings=settings)
+    assert (unknown.file_status, unknown.retryable) == ("NEEDS_CHECK", False)
+
+    asked = judge(_result("generic"), service_status="needs_check", settings=settings)
+    assert (asked.file_status, asked.retryable) == ("NEEDS_CHECK", False)
+
+
+async def test_bridge_acks_only_what_it_enqueued_and_drops_oversize():
+    acked: list[str] = []
+    sent: list[str] = []
+
+    def incoming(name: str, size: int = 2) -> IncomingMessage:
+        async def ack() -> None:
+            acked.append(name)
+
+        return IncomingMessage(subject=name, data=b"x" * size, headers={}, ack=ack, nak=ack)
+
+    def send(subject, data, headers):
+        if subject == "c":
+            raise ConnectionError("broker down")
+        sent.append(subject)
+
+    settings = Settings(recognition=RecognitionSettings(max_message_bytes=10))
+    bridge = NatsBridge(NatsClient(settings.nats), send, settings=settings)
+
+    complete = await bridge.forward(
+        [incoming("a"), incoming("big", 11), incoming("b"), incoming("c"), incoming("d")]
+    )
+
+    assert not complete
+    assert sent == ["a", "b"]
+    assert acked == ["big", "a", "b"], "c and d stay unacked for redelivery"
+    assert (bridge.forwarded, bridge.dropped) == (2, 1)
