@@ -21,7 +21,10 @@ def create_engine(settings: DatabaseSettings) -> AsyncEngine:
         settings.url,
         pool_size=settings.pool_size,
         max_overflow=settings.pool_size,
-        pool_pre_ping=True,
+        # No pre-ping: it costs a round trip per checkout. A connection that died with
+        # its server fails the statement, SQLAlchemy drops the pool, and the actor retries.
+        pool_pre_ping=False,
+        pool_recycle=1800,
         connect_args={
             "options": f"-c statement_timeout={settings.statement_timeout_ms} -c timezone=UTC"
         },

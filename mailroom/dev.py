@@ -2,21 +2,29 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from types import FrameType
 from urllib.parse import urlsplit
 
+import psycopg
 from rich.console import Console
 from rich.table import Table
 
+from mailroom.db import libpq_dsn
+from mailroom.devimap import ImapServer
+from mailroom.devseed import sample_mails
+from mailroom.devsinks import SmtpSink, WebhookSink
 from mailroom.devstack import EmbeddedNats, EmbeddedPostgres, EmbeddedRedis, ServerStartError
 from mailroom.migrate import PROJECT_ROOT, upgrade
-from mailroom.settings import Settings
+from mailroom.settings import DEV_SMTP_PORT, DEV_WEBHOOK_PORT, Settings
 from mailroom.supervisor import Child, Supervisor
 
 logger = logging.getLogger(__name__)
@@ -53,17 +61,41 @@ def _processes(state_dir: Path) -> list[tuple[str, list[str]]]:
     ]
 
 
-def run_dev(state_dir: str | None = None) -> int:
-    """Start the embedded stack and every process; block until a stop signal; stop it all."""
+def _dev_delivery_env(webhook: WebhookSink, smtp: SmtpSink) -> dict[str, str]:
+    """Channels pointed at the local sinks, and routes that use all three channels."""
+    routes = [
+        {"channel": "log", "recipient": "ops"},
+        {"channel": "webhook", "recipient": "finance", "subject": "Documents from {sender}"},
+        {
+            "channel": "email",
+            "recipient": "ops@mailroom.test",
+            "subject": "Mail {mail_subject!r} processed",
+        },
+    ]
+    return {
+        "MAILROOM_DELIVERY__WEBHOOK_ACCOUNTS": json.dumps({"default": {"url": webhook.url}}),
+        "MAILROOM_DELIVERY__EMAIL_ACCOUNTS": json.dumps(
+            {"default": {"host": "127.0.0.1", "port": smtp.port, "security": "plain"}}
+        ),
+        "MAILROOM_DELIVERY__ROUTES": json.dumps(routes),
+        "MAILROOM_SCHEDULER__POLL_INTERVAL_S": "5",
+    }
+
+
+def run_dev(
+    state_dir: str | None = None,
+    *,
+    seed: bool = True,
+    webhook_port: int = DEV_WEBHOOK_PORT,
+    smtp_port: int = DEV_SMTP_PORT,
+) -> int:
+    """Start the embedded stack, sinks and every process; block until a stop signal; stop all."""
     settings = Settings(state_dir=Path(state_dir)) if state_dir else Settings()
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(name)s: %(message)s"
-    )
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     console = Console()
     state = settings.state_dir.resolve()
-    state.mkdir(parents=True, exist_ok=True)
     logs = state / "logs"
-    logs.mkdir(exist_ok=True)
+    logs.mkdir(parents=True, exist_ok=True)
 
     stopping = threading.Event()
 
@@ -73,7 +105,7 @@ def run_dev(state_dir: str | None = None) -> int:
     signal.signal(signal.SIGINT, _stop)
     signal.signal(signal.SIGTERM, _stop)
 
-    servers: list[EmbeddedPostgres | EmbeddedRedis | EmbeddedNats] = []
+    stoppers: list[Callable[[], None]] = []
     supervisor = Supervisor(PROJECT_ROOT)
     try:
         try:
@@ -81,40 +113,129 @@ def run_dev(state_dir: str | None = None) -> int:
                 state / "postgres",
                 port=_port(settings.database.url),
                 database=urlsplit(settings.database.url).path.lstrip("/"),
+            ).start()
+            stoppers.append(postgres.stop)
+            stoppers.append(
+                EmbeddedRedis(state / "redis", port=_port(settings.redis.url)).start().stop
             )
-            servers.append(postgres.start())
-            servers.append(EmbeddedRedis(state / "redis", port=_port(settings.redis.url)).start())
-            servers.append(EmbeddedNats(state / "nats", port=_port(settings.nats.url)).start())
+            stoppers.append(
+                EmbeddedNats(state / "nats", port=_port(settings.nats.url)).start().stop
+            )
         except ServerStartError as exc:
             console.print(f"[bold red]mailroom dev: {exc}[/]")
             return 1
         upgrade(settings.database.url)
+        announce = lambda line: console.print(f"[green]received[/] {line}")  # noqa: E731
+        webhook = WebhookSink(port=webhook_port, on_receive=announce).start()
+        stoppers.append(webhook.stop)
+        smtp = SmtpSink(port=smtp_port, on_receive=announce).start()
+        stoppers.append(smtp.stop)
+        imap = _start_imap(settings, seed=seed)
+        if imap is not None:
+            stoppers.append(imap.stop)
+
         env = _child_env(settings, state)
+        for name, value in _dev_delivery_env(webhook, smtp).items():
+            env.setdefault(name, value)
         for name, args in _processes(state):
             supervisor.add(Child(name, args, env, logs / f"{name}.log"))
-        _print_ready(console, settings, state, supervisor)
+        _print_ready(console, settings, state, supervisor, webhook, smtp, imap)
+        view = StageView(libpq_dsn(settings.database.url), console)
         while not stopping.wait(1.0):
             supervisor.check()
+            view.refresh()
         console.print("stopping…")
         return 0
     finally:
         supervisor.stop()
-        for server in reversed(servers):
-            server.stop()
+        for stop in reversed(stoppers):
+            try:
+                stop()
+            except Exception as exc:  # one failed stop must not leave the others running
+                console.print(f"[red]stop failed: {exc}[/]")
         console.print("mailroom dev: everything stopped")
 
 
-def _print_ready(console: Console, settings: Settings, state: Path, supervisor: Supervisor) -> None:
+def _start_imap(settings: Settings, *, seed: bool) -> ImapServer | None:
+    """The dev IMAP server for the first configured mailbox, seeded with sample mails."""
+    mailboxes = [m for m in settings.intake.mailboxes if m.enabled]
+    if not mailboxes:
+        return None
+    mailbox = mailboxes[0]
+    server = ImapServer(port=mailbox.port).start()
+    if seed:
+        server.append(
+            mailbox.folder,
+            *sample_mails(),
+            user=mailbox.username,
+            password=mailbox.password.get_secret_value(),
+        )
+    return server
+
+
+class StageView:
+    """Counts per stage, printed whenever they change."""
+
+    QUERIES = {
+        "mails": "SELECT status, count(*) FROM inbound_mail GROUP BY status",
+        "files": "SELECT status, count(*) FROM stored_file GROUP BY status",
+        "jobs": "SELECT status, count(*) FROM recognition_job GROUP BY status",
+        "documents": "SELECT status, count(*) FROM document GROUP BY status",
+        "notifications": "SELECT channel || ':' || status, count(*) FROM channel_message GROUP BY 1",
+    }
+
+    def __init__(self, dsn: str, console: Console) -> None:
+        self.dsn = dsn
+        self.console = console
+        self.last = ""
+
+    def refresh(self) -> None:
+        try:
+            with psycopg.connect(self.dsn, connect_timeout=2) as conn:
+                parts = []
+                for stage, sql in self.QUERIES.items():
+                    counts = ", ".join(f"{s} {n}" for s, n in sorted(conn.execute(sql).fetchall()))
+                    parts.append(f"{stage}: {counts or '-'}")
+        except psycopg.Error as exc:
+            parts = [f"database unavailable: {exc}"]
+        line = " | ".join(parts)
+        if line != self.last:
+            self.last = line
+            self.console.print(
+                f"[dim]{datetime.now():%H:%M:%S}[/] {line}", markup=True, highlight=False
+            )
+
+
+def _print_ready(
+    console: Console,
+    settings: Settings,
+    state: Path,
+    supervisor: Supervisor,
+    webhook: WebhookSink,
+    smtp: SmtpSink,
+    imap: ImapServer | None,
+) -> None:
     table = Table(title="mailroom dev", show_header=True)
     table.add_column("what")
     table.add_column("where")
     table.add_row("postgres", settings.database.url)
     table.add_row("redis", settings.redis.url)
     table.add_row("nats (JetStream)", settings.nats.url)
-    table.add_row("object store", str(settings.storage_root.resolve()))
+    if imap is not None:
+        mailbox = settings.intake.mailboxes[0]
+        table.add_row(
+            "imap (pymap)",
+            f"127.0.0.1:{imap.port}, user {mailbox.username}, folder {mailbox.folder}",
+        )
+    table.add_row("webhook sink", webhook.url)
+    table.add_row("smtp sink", f"127.0.0.1:{smtp.port}")
+    table.add_row("object store", str((state / settings.storage.root).resolve()))
     for child in supervisor.children:
         pid = child.process.pid if child.process else "-"
         table.add_row(child.name, f"pid {pid}, log {child.log_path}")
-    table.add_row("state", str(state))
     console.print(table)
-    console.print("mailroom dev is ready. Ctrl+C stops everything.", markup=False)
+    console.print(
+        "mailroom dev is ready. Sample mails are in the IMAP inbox; append more with any mail "
+        "client. Ctrl+C stops everything.",
+        markup=False,
+    )

@@ -115,6 +115,13 @@ class ImapServer:
         await IMAPService(backend, config).start(self._stack)
         self._backend = backend
 
+    async def _cancel_sessions(self) -> None:
+        """End the client sessions still open (an IDLE, say) before the loop closes."""
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
     def start(self) -> ImapServer:
         self._thread.start()
         self._run(self._start())
@@ -123,6 +130,7 @@ class ImapServer:
     def stop(self) -> None:
         try:
             self._run(self._stack.aclose())
+            self._run(self._cancel_sessions())
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(10)

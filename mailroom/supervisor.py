@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -45,13 +46,18 @@ class Child:
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
-    def signal(self, signum: int) -> None:
+    def terminate(self) -> None:
+        """SIGTERM to the child itself; it stops its own children (dramatiq's workers do)."""
         if self.running:
             assert self.process is not None
-            try:
-                os.killpg(self.process.pid, signum)
-            except ProcessLookupError:
-                pass
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.process.pid, signal.SIGTERM)
+
+    def kill(self) -> None:
+        """SIGKILL to the child's whole process group."""
+        if self.process is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
 
     def close(self) -> None:
         if self._log is not None:
@@ -100,7 +106,7 @@ class Supervisor:
     def stop(self, timeout_s: float = 15.0) -> None:
         """SIGTERM every child (newest first), then SIGKILL what is left after the timeout."""
         for child in reversed(self.children):
-            child.signal(signal.SIGTERM)
+            child.terminate()
         deadline = time.monotonic() + timeout_s
         for child in reversed(self.children):
             if child.process is None:
@@ -109,7 +115,7 @@ class Supervisor:
                 child.process.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 logger.warning("%s did not stop in time; killing it", child.name)
-                child.signal(signal.SIGKILL)
+                child.kill()
                 child.process.wait(5)
         for child in self.children:
             child.close()

@@ -12,7 +12,7 @@ import sys
 import typer
 
 from mailroom.cli import dead_letters, delivery, intake, recognition
-from mailroom.settings import Settings
+from mailroom.settings import DEV_SMTP_PORT, DEV_WEBHOOK_PORT, Settings
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 bridge_app = typer.Typer(no_args_is_help=True, help="Long-running consumers that feed actors.")
@@ -99,11 +99,16 @@ def recognizer() -> None:
 @app.command()
 def dev(
     state_dir: str = typer.Option(None, help="Where the embedded servers keep their data."),
+    seed: bool = typer.Option(True, help="Put sample mails into the dev IMAP inbox."),
+    webhook_port: int = typer.Option(DEV_WEBHOOK_PORT, help="Port of the local webhook sink."),
+    smtp_port: int = typer.Option(DEV_SMTP_PORT, help="Port of the local SMTP sink."),
 ) -> None:
     """Run the whole system on embedded services; Ctrl+C stops everything."""
     from mailroom.dev import run_dev
 
-    raise typer.Exit(run_dev(state_dir=state_dir))
+    raise typer.Exit(
+        run_dev(state_dir=state_dir, seed=seed, webhook_port=webhook_port, smtp_port=smtp_port)
+    )
 
 
 @app.command()

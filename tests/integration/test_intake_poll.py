@@ -7,7 +7,7 @@ import dataclasses
 import uuid
 
 import pytest
-from sqlalchemy import update
+from sqlalchemy import select, update
 
 from mailroom.adapters.imap import ImapMailbox
 from mailroom.adapters.storage import sha256_hex
@@ -146,7 +146,13 @@ async def test_heartbeat_that_cannot_renew_cancels_only_the_batch(intake_env):
     intake_env.settings.intake.mailboxes[0].idle_timeout_s = 5.0
 
     async def steal_soon() -> None:
-        await asyncio.sleep(0.05)
+        # Steal only once the poll holds the lease (under load the claim can come late).
+        while True:
+            async with intake_env.sessions() as session:
+                status = await session.scalar(select(MailboxCursor.status))
+            if status == "processing":
+                break
+            await asyncio.sleep(0.02)
         async with intake_env.sessions() as session, session.begin():
             await session.execute(update(MailboxCursor).values(lease_id=uuid.uuid4()))
 
@@ -183,7 +189,8 @@ async def test_idle_wakes_up_when_a_mail_arrives(intake_env):
     loop = asyncio.get_running_loop()
 
     async def deliver_later() -> None:
-        await asyncio.sleep(0.5)
+        # Late enough that the poll is waiting in IDLE, even on a loaded machine.
+        await asyncio.sleep(1.5)
         await asyncio.to_thread(intake_env.append, csv_mail(7))
 
     started = loop.time()

@@ -1,0 +1,147 @@
+"""Receivers for ``mailroom dev`` and end-to-end tests: a webhook sink and an SMTP sink.
+
+Both record what arrives (deduping webhook deliveries on ``Idempotency-Key``,
+as a real receiver would) and call ``on_receive`` with a one-line summary, so
+``mailroom dev`` can print notifications as they land.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from aiosmtpd.controller import Controller
+
+from mailroom.devstack import free_port
+
+Announce = Callable[[str], None]
+
+
+@dataclass
+class Received:
+    key: str
+    recipient: str
+    subject: str
+    body: str
+    duplicate: bool = False
+
+
+@dataclass
+class _Record:
+    items: list[Received] = field(default_factory=list)
+    keys: set[str] = field(default_factory=set)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, item: Received) -> Received:
+        with self.lock:
+            item.duplicate = item.key in self.keys
+            self.keys.add(item.key)
+            self.items.append(item)
+        return item
+
+    def unique(self) -> list[Received]:
+        with self.lock:
+            return [item for item in self.items if not item.duplicate]
+
+
+class WebhookSink:
+    """An HTTP server that accepts every JSON POST with 200 and records it."""
+
+    def __init__(self, *, port: int = 0, on_receive: Announce | None = None) -> None:
+        self.port = port or free_port()
+        self.record = _Record()
+        sink = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                try:
+                    payload: dict[str, Any] = json.loads(raw)
+                except ValueError:
+                    self.send_response(400)
+                    self.end_headers()
+                    return
+                item = sink.record.add(
+                    Received(
+                        key=self.headers.get("Idempotency-Key") or "",
+                        recipient=str(payload.get("recipient", "")),
+                        subject=str(payload.get("subject") or ""),
+                        body=str(payload.get("body", "")),
+                    )
+                )
+                self.send_response(200)
+                self.end_headers()
+                if on_receive is not None and not item.duplicate:
+                    on_receive(f"webhook → {item.recipient}: {item.subject}")
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return  # quiet: on_receive says what matters
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/hook"
+
+    @property
+    def received(self) -> list[Received]:
+        return self.record.unique()
+
+    def start(self) -> WebhookSink:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(5)
+
+
+class _SmtpHandler:
+    def __init__(self, record: _Record, on_receive: Announce | None) -> None:
+        self.record = record
+        self.on_receive = on_receive
+
+    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
+        from email import message_from_bytes, policy
+
+        message = message_from_bytes(envelope.content, policy=policy.default)
+        plain = message.get_body(("plain",))  # type: ignore[attr-defined]
+        item = self.record.add(
+            Received(
+                key=str(message.get("Message-ID", "")),
+                recipient=", ".join(envelope.rcpt_tos),
+                subject=str(message.get("Subject", "")),
+                body=plain.get_content() if plain is not None else "",
+            )
+        )
+        if self.on_receive is not None and not item.duplicate:
+            self.on_receive(f"e-mail → {item.recipient}: {item.subject}")
+        return "250 Message accepted for delivery"
+
+
+class SmtpSink:
+    """aiosmtpd on loopback that accepts every mail and records it."""
+
+    def __init__(self, *, port: int = 0, on_receive: Announce | None = None) -> None:
+        self.port = port or free_port()
+        self.record = _Record()
+        self._controller = Controller(
+            _SmtpHandler(self.record, on_receive), hostname="127.0.0.1", port=self.port
+        )
+
+    @property
+    def received(self) -> list[Received]:
+        return self.record.unique()
+
+    def start(self) -> SmtpSink:
+        self._controller.start()
+        return self
+
+    def stop(self) -> None:
+        self._controller.stop()
