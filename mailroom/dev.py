@@ -37,7 +37,8 @@ def _port(url: str) -> int:
     return port
 
 
-def _child_env(settings: Settings, state_dir: Path) -> dict[str, str]:
+def child_env(settings: Settings, state_dir: Path) -> dict[str, str]:
+    """The environment of every child: this one, pointed at the embedded servers."""
     env = {k: v for k, v in os.environ.items()}
     env.update(
         MAILROOM_STATE_DIR=str(state_dir),
@@ -50,7 +51,8 @@ def _child_env(settings: Settings, state_dir: Path) -> dict[str, str]:
     return env
 
 
-def _processes(state_dir: Path) -> list[tuple[str, list[str]]]:
+def process_specs() -> list[tuple[str, list[str]]]:
+    """Every Mailroom process, as (name, command line)."""
     python = sys.executable
     return [
         ("worker", [python, "-m", "dramatiq", "actors", "--processes", "1", "--threads", "8"]),
@@ -134,10 +136,10 @@ def run_dev(
         if imap is not None:
             stoppers.append(imap.stop)
 
-        env = _child_env(settings, state)
+        env = child_env(settings, state)
         for name, value in _dev_delivery_env(webhook, smtp).items():
             env.setdefault(name, value)
-        for name, args in _processes(state):
+        for name, args in process_specs():
             supervisor.add(Child(name, args, env, logs / f"{name}.log"))
         _print_ready(console, settings, state, supervisor, webhook, smtp, imap)
         view = StageView(libpq_dsn(settings.database.url), console)

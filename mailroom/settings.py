@@ -207,7 +207,8 @@ class NotificationRoute(BaseModel):
 
 
 class DeliverySettings(BaseModel):
-    stream_key: str = "mailroom:delivery"
+    #: Not under the broker namespace: Dramatiq keeps its "delivery" queue at "{namespace}:delivery".
+    stream_key: str = "mailroom:delivery-stream"
     consumer_group: str = "mailroom-delivery"
     #: Stream entries idle for longer than this are claimed from dead bridges, in milliseconds.
     claim_idle_ms: int = 30_000
@@ -216,6 +217,8 @@ class DeliverySettings(BaseModel):
     #: Approximate upper bound on stream length (XADD MAXLEN ~).
     stream_maxlen: int = 100_000
     lock_ttl_ms: int = 30_000
+    #: Messages of one batch (``deliver_channel_messages``) sent at the same time.
+    batch_concurrency: int = 20
     max_attempts: int = 8
     backoff_base_s: float = 2.0
     backoff_cap_s: float = 600.0

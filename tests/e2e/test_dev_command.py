@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -13,6 +14,7 @@ import time
 import psycopg
 import pytest
 
+from mailroom.devseed import sample_mails
 from mailroom.devstack import free_port
 from mailroom.migrate import PROJECT_ROOT
 
@@ -24,17 +26,35 @@ def _listening(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
-def test_dev_comes_up_migrated_and_stops_cleanly_on_ctrl_c(tmp_path):
-    ports = {"pg": free_port(), "redis": free_port(), "nats": free_port()}
+def test_dev_delivers_the_sample_mails_and_stops_cleanly_on_ctrl_c(tmp_path):
+    ports = {
+        "pg": free_port(),
+        "redis": free_port(),
+        "nats": free_port(),
+        "imap": free_port(),
+        "webhook": free_port(),
+        "smtp": free_port(),
+    }
     env = {k: v for k, v in os.environ.items() if not k.startswith("MAILROOM_")}
     env.update(
         MAILROOM_DATABASE__URL=f"postgresql+psycopg://postgres@127.0.0.1:{ports['pg']}/mailroom",
         MAILROOM_REDIS__URL=f"redis://127.0.0.1:{ports['redis']}/0",
         MAILROOM_NATS__URL=f"nats://127.0.0.1:{ports['nats']}",
-        MAILROOM_INTAKE__MAILBOXES="[]",
+        MAILROOM_INTAKE__MAILBOXES=json.dumps([{"name": "dev", "port": ports["imap"]}]),
     )
     process = subprocess.Popen(
-        [sys.executable, "-m", "mailroom", "dev", "--state-dir", str(tmp_path / "state")],
+        [
+            sys.executable,
+            "-m",
+            "mailroom",
+            "dev",
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--webhook-port",
+            str(ports["webhook"]),
+            "--smtp-port",
+            str(ports["smtp"]),
+        ],
         env=env,
         cwd=PROJECT_ROOT,
         stdout=subprocess.PIPE,
@@ -42,6 +62,7 @@ def test_dev_comes_up_migrated_and_stops_cleanly_on_ctrl_c(tmp_path):
     )
     lines: list[str] = []
     ready = threading.Event()
+    delivered = threading.Event()
 
     def _read() -> None:
         assert process.stdout is not None
@@ -50,6 +71,8 @@ def test_dev_comes_up_migrated_and_stops_cleanly_on_ctrl_c(tmp_path):
             lines.append(line)
             if "mailroom dev is ready" in line:
                 ready.set()
+            if sum("received webhook" in seen for seen in lines) == len(sample_mails()):
+                delivered.set()
 
     reader = threading.Thread(target=_read, daemon=True)
     reader.start()
@@ -72,6 +95,8 @@ def test_dev_comes_up_migrated_and_stops_cleanly_on_ctrl_c(tmp_path):
             time.sleep(0.2)
         else:
             pytest.fail("scheduler never connected:\n" + "".join(lines))
+        # What a new user sees: every sample mail ends as a notification at the webhook sink.
+        assert delivered.wait(90), "sample mails were not delivered:\n" + "".join(lines)
     finally:
         process.send_signal(signal.SIGINT)
         code = process.wait(60)
