@@ -41,5 +41,7 @@ async def poll_mailbox(mailbox: str) -> None:
         # A mail with nothing to recognize is final at once: let its notification go out now
         # rather than at the next sweep.
         await asyncio.to_thread(notify_final_mails.send)
-    if outcome.more_waiting:
+    if outcome.more_waiting or (result is not None and result.ingested):
+        # Mail came in: look again at once (DESIGN.md §4) — with IDLE on, the next poll
+        # waits for the next mail instead of the scheduler's next tick.
         await asyncio.to_thread(poll_mailbox.send, mailbox)

@@ -29,6 +29,10 @@ from mailroom.supervisor import Child, Supervisor
 
 logger = logging.getLogger(__name__)
 
+#: How often an idle Dramatiq consumer looks for work, in milliseconds (Dramatiq: 1000).
+#: Every actor hop of a mail can wait this long, so the default alone adds seconds.
+WORKER_POLL_MS = 100
+
 
 def _port(url: str) -> int:
     port = urlsplit(url.replace("+psycopg", "")).port
@@ -48,6 +52,7 @@ def child_env(settings: Settings, state_dir: Path) -> dict[str, str]:
         PYTHONPATH=os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")])),
         PYTHONUNBUFFERED="1",
     )
+    env.setdefault("dramatiq_worker_timeout", str(WORKER_POLL_MS))
     return env
 
 

@@ -57,6 +57,10 @@ def worker(
     if queues:
         args += ["--queues", *queues]
     args += list(ctx.args)
+    from mailroom.dev import WORKER_POLL_MS
+
+    # Dramatiq reads its idle poll period from the environment when it starts.
+    os.environ.setdefault("dramatiq_worker_timeout", str(WORKER_POLL_MS))
     os.execv(sys.executable, args)
 
 
