@@ -18,6 +18,7 @@ from dramatiq.middleware import (
 from actors.maintenance import RedisMaintenance
 from actors.resources import ResourcesMiddleware
 from actors.retry_policy import RetryPolicies, RetryPolicy
+from actors.sentry_tags import SentryTags
 from mailroom.settings import Settings
 
 
@@ -36,6 +37,7 @@ def build_middleware(settings: Settings) -> list[dramatiq.Middleware]:
             )
         ),
         CurrentMessage(),
+        SentryTags(),
         AsyncIO(),
         ResourcesMiddleware(settings),
     ]

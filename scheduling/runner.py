@@ -10,6 +10,7 @@ from types import FrameType
 
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
+from sentry_sdk.crons import MonitorStatus, capture_checkin
 
 from mailroom.db import libpq_dsn
 from mailroom.settings import Settings
@@ -20,11 +21,26 @@ logger = logging.getLogger(__name__)
 
 
 def _run_job(job: PeriodicJob) -> None:
+    """Send the job's message and check in with its Sentry cron monitor (when Sentry is on)."""
+    status = MonitorStatus.OK
     try:
         job.send()
     except Exception:
         # The broker may be briefly down; the next tick sends again.
+        status = MonitorStatus.ERROR
         logger.exception("Scheduler job %s could not send its message", job.name)
+    capture_checkin(
+        monitor_slug=job.name.replace(":", "-").replace("_", "-"),
+        status=status,
+        monitor_config={
+            "schedule": {
+                "type": "interval",
+                "value": max(1, round(job.interval_s / 60)),
+                "unit": "minute",
+            },
+            "checkin_margin": max(1, round(job.interval_s / 60)),
+        },
+    )
 
 
 def build_scheduler(jobs: list[PeriodicJob]) -> BackgroundScheduler:

@@ -33,11 +33,14 @@ class CapturingTransport(Transport):
     def __init__(self, options=None):
         super().__init__(options)
         self.events: list[dict] = []
+        self.check_ins: list[dict] = []
 
     def capture_envelope(self, envelope):
         for item in envelope.items:
             if item.headers.get("type") == "event":
                 self.events.append(json.loads(item.payload.get_bytes()))
+            elif item.headers.get("type") == "check_in":
+                self.check_ins.append(json.loads(item.payload.get_bytes()))
 
 
 @pytest.fixture
@@ -82,6 +85,15 @@ def test_unexpected_actor_error_is_one_scrubbed_event_and_expected_ones_are_none
     def crash(body: str) -> None:
         raise RuntimeError(f"failed talking to postgresql://app:{SENTINEL}@db.internal/mailroom")
 
+    @dramatiq.actor(
+        broker=broker,
+        queue_name="sentry_probe",
+        actor_name="poll_mailbox",
+        retry_policy=RetryPolicy(max_attempts=1),
+    )
+    def poll(mailbox: str) -> None:
+        raise RuntimeError("imap went away")
+
     @dramatiq.actor(broker=broker, queue_name="sentry_probe", actor_name="sentry_expected")
     def expected(kind: str) -> None:
         raise PermanentError("bad payload") if kind == "permanent" else RetryableError("later")
@@ -90,6 +102,7 @@ def test_unexpected_actor_error_is_one_scrubbed_event_and_expected_ones_are_none
     worker.start()
     try:
         crash.send(BODY)
+        poll.send("billing")
         expected.send("permanent")
         broker.join("sentry_probe", fail_fast=False)
         worker.join()
@@ -101,6 +114,12 @@ def test_unexpected_actor_error_is_one_scrubbed_event_and_expected_ones_are_none
     kinds = [e["exception"]["values"][-1]["type"] for e in errors]
     assert "RuntimeError" in kinds
     assert "PermanentError" not in kinds and "RetryableError" not in kinds
+    crash_event = next(e for e in errors if e["exception"]["values"][-1]["type"] == "RuntimeError")
+    assert crash_event["tags"]["actor"] == "sentry_crash"
+    assert crash_event["tags"]["queue"] == "sentry_probe"
+    assert "message_id" in crash_event["tags"]
+    poll_event = next(e for e in errors if e["tags"].get("actor") == "poll_mailbox")
+    assert poll_event["tags"]["mailbox"] == "billing"
     dumped = json.dumps(transport.events)
     assert SENTINEL not in dumped
     assert BODY not in dumped
@@ -132,3 +151,22 @@ def test_log_lines_never_show_the_sentinel(settings):
     assert SENTINEL not in text
     assert BODY not in text
     assert "deliver[" in text
+
+
+def test_scheduler_jobs_check_in_with_their_cron_monitor(settings, transport):
+    from scheduling.jobs import PeriodicJob
+    from scheduling.runner import _run_job
+
+    sent = []
+    _run_job(PeriodicJob("deadline_watchdog", 30, lambda: sent.append(1)))
+
+    def broken() -> None:
+        raise ConnectionError("broker down")
+
+    _run_job(PeriodicJob("poll_mailbox:billing", 120, broken))
+    sentry_sdk.flush()
+    assert sent == [1]
+    by_slug = {c["monitor_slug"]: c for c in transport.check_ins}
+    assert by_slug["deadline-watchdog"]["status"] == "ok"
+    assert by_slug["poll-mailbox-billing"]["status"] == "error"
+    assert by_slug["poll-mailbox-billing"]["monitor_config"]["schedule"]["value"] == 2
