@@ -14,6 +14,7 @@ from sentry_sdk.crons import MonitorStatus, capture_checkin
 
 from mailroom.db import libpq_dsn
 from mailroom.settings import Settings
+from scheduling import metrics
 from scheduling.jobs import PeriodicJob, job_table
 from scheduling.leader import LeaderElection
 
@@ -25,7 +26,9 @@ def _run_job(job: PeriodicJob) -> None:
     status = MonitorStatus.OK
     try:
         job.send()
+        metrics.SENDS.labels(job.name, "sent").inc()
     except Exception:
+        metrics.SENDS.labels(job.name, "failed").inc()
         # The broker may be briefly down; the next tick sends again.
         status = MonitorStatus.ERROR
         logger.exception("Scheduler job %s could not send its message", job.name)
@@ -90,6 +93,7 @@ class SchedulerService:
         scheduler = build_scheduler(job_table(self.settings))
         scheduler.start()
         self.is_leader.set()
+        metrics.LEADER.set(1)
         try:
             while not self.stopping.wait(check_s):
                 if not self.election.still_leader():
@@ -97,13 +101,16 @@ class SchedulerService:
                     break
         finally:
             self.is_leader.clear()
+            metrics.LEADER.set(0)
             scheduler.shutdown(wait=False)
 
 
 def run(settings: Settings) -> int:
     """Run until SIGTERM or SIGINT; exit 0."""
     import actors  # noqa: F401  (the broker the jobs send through)
+    from mailroom.observability import start_metrics_server
 
+    start_metrics_server(settings)
     service = SchedulerService(settings)
 
     def _stop(signum: int, frame: FrameType | None) -> None:

@@ -10,6 +10,7 @@ import pytest
 
 from mailroom.db import libpq_dsn
 from mailroom.settings import DatabaseSettings, SchedulerSettings, Settings
+from scheduling import metrics
 from scheduling.leader import LeaderElection, current_leader
 from scheduling.runner import SchedulerService
 
@@ -55,8 +56,11 @@ def test_the_leading_service_sends_its_jobs_and_stops_cleanly(database_url, stub
             time.sleep(0.05)
         # Jobs run once at takeover: the sweeps are on their queue.
         assert stub_broker.queues["maintenance"].qsize() >= 1
+        assert metrics.LEADER._value.get() == 1
+        assert metrics.SENDS.labels("deadline_watchdog", "sent")._value.get() >= 1
     finally:
         service.stop()
         thread.join(10)
     assert not thread.is_alive()
+    assert metrics.LEADER._value.get() == 0
     assert current_leader(libpq_dsn(database_url), KEY + 1) is None
