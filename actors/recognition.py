@@ -59,30 +59,87 @@ async def publish_recognition_requests() -> None:
         publish_recognition_requests.send()
 
 
-@dramatiq.actor(queue_name=queues.INBOX, retry_policy=RetryPolicy(max_attempts=20))
-async def apply_recognition_message(subject: str, data: str, headers: dict[str, Any]) -> None:
-    """Apply one ack or result from a recognition service (DESIGN.md §5).
-
-    ``data`` is the NATS body, base64-encoded (actor arguments are JSON).
-    """
+def _inbox_message(subject: Any, data: Any, headers: Any) -> inbox.InboxMessage | None:
+    """The bridge's (subject, base64 body, headers) decoded; ``None`` (warned) when malformed."""
     try:
         body = base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError, TypeError):
         logger.warning(
             "Rejected recognition message on %s: body is not base64", short_repr(subject)
         )
+        return None
+    if not isinstance(headers, dict):
+        headers = {}
+    return inbox.InboxMessage(str(subject), body, {str(k): str(v) for k, v in headers.items()})
+
+
+@dramatiq.actor(queue_name=queues.INBOX, retry_policy=RetryPolicy(max_attempts=20))
+async def apply_recognition_message(subject: str, data: str, headers: dict[str, Any]) -> None:
+    """Apply one ack or result from a recognition service (DESIGN.md §5).
+
+    ``data`` is the NATS body, base64-encoded (actor arguments are JSON).
+    """
+    message = _inbox_message(subject, data, headers)
+    if message is None:
         return
     resources = current()
     result = await inbox.apply_recognition_message(
         await resources.sessions(),
-        subject=subject,
-        data=body,
-        headers={str(k): str(v) for k, v in (headers or {}).items()},
+        subject=message.subject,
+        data=message.data,
+        headers=message.headers,
         max_bytes=resources.settings.recognition.max_message_bytes,
     )
     if result.map_job_id is not None:
         # NOTE: a broker call blocks; off the loop it leaves the other inbox messages running.
         await asyncio.to_thread(map_recognition_result.send, str(result.map_job_id))
+
+
+@dramatiq.actor(queue_name=queues.INBOX, retry_policy=RetryPolicy(max_attempts=20))
+async def apply_recognition_messages(messages: list[dict[str, Any]]) -> None:
+    """Apply a batch of acks and results in one transaction (DESIGN.md §5).
+
+    Each item is ``{"subject", "data" (base64 body), "headers"}``, as the NATS
+    bridge forwards them. A message the inbox could not apply even on its own is
+    sent on as its own ``apply_recognition_message``, so it retries alone.
+    """
+    encoded: list[str] = []
+    decoded: list[inbox.InboxMessage] = []
+    for item in messages if isinstance(messages, list) else [messages]:
+        if not isinstance(item, dict):
+            logger.warning("Rejected recognition batch item: not an object")
+            continue
+        message = _inbox_message(item.get("subject"), item.get("data"), item.get("headers"))
+        if message is not None:
+            encoded.append(item["data"])
+            decoded.append(message)
+    if not decoded:
+        return
+    resources = current()
+    outcomes = await inbox.apply_recognition_messages(
+        await resources.sessions(),
+        decoded,
+        max_bytes=resources.settings.recognition.max_message_bytes,
+    )
+    map_job_ids = [str(o.map_job_id) for o in outcomes if o.map_job_id is not None]
+    failed = [
+        (message, data)
+        for message, data, outcome in zip(decoded, encoded, outcomes, strict=True)
+        if outcome.applied == "failed"
+    ]
+    # NOTE: broker calls block; off the loop they leave the other inbox batches running.
+    await asyncio.to_thread(_send_inbox_followups, map_job_ids, failed)
+
+
+def _send_inbox_followups(
+    map_job_ids: list[str], failed: list[tuple[inbox.InboxMessage, str]]
+) -> None:
+    for job_id in map_job_ids:
+        map_recognition_result.send(job_id)
+    for message, data in failed:
+        apply_recognition_message.send(message.subject, data, dict(message.headers))
+    if failed:
+        logger.warning("Recognition batch: %d messages sent on to retry alone", len(failed))
 
 
 @dramatiq.actor(queue_name=queues.MAPPING, retry_policy=RetryPolicy(max_attempts=10))

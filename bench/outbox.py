@@ -9,8 +9,8 @@ fsync off for both sides alike), migrated fresh:
   ``publish_recognition_requests`` passes (core NATS) until every job is published.
 * inbox: N ``done`` results pre-loaded into JetStream; a ``mailroom bridge nats``
   subprocess feeds an in-process ``dramatiq.Worker`` (RedisBroker, 1 process x
-  8 threads) running ``apply_recognition_message`` against Postgres; rate from
-  the first applied message to the last. Baseline: the same Worker settings
+  8 threads) running ``apply_recognition_messages`` (batches the bridge formed)
+  against Postgres; rate in results from the first applied batch to the last. Baseline: the same Worker settings
   draining N ``actors.system.noop`` messages from the same RedisBroker.
 
 ``--prefill`` lets the bridge enqueue every result before the worker starts, to
@@ -50,12 +50,17 @@ STUCK_AFTER_S = 300.0
 WORKER_THREADS = 8
 
 
-def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = STUCK_AFTER_S) -> None:
+def wait_for(
+    condition: Callable[[], bool],
+    what: str,
+    timeout_s: float = STUCK_AFTER_S,
+    poll_s: float = 0.01,
+) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
         if time.monotonic() > deadline:
             raise SystemExit(f"bench stuck waiting for {what}")
-        time.sleep(0.01)
+        time.sleep(poll_s)
 
 
 def insert_jobs(dsn: str, count: int) -> None:
@@ -238,12 +243,20 @@ async def preload_results(settings: Any, dsn: str, count: int) -> None:
         await client.close()
 
 
-class Timing:
-    """Dramatiq middleware recording when each message of one actor finished."""
+def carried(message: Any) -> int:
+    """How many results one actor message carries (a batch, or one)."""
+    if message.actor_name == "apply_recognition_messages":
+        return len(message.args[0])
+    return 1
 
-    def __init__(self, actor_name: str) -> None:
-        self.actor_name = actor_name
+
+class Timing:
+    """Dramatiq middleware recording when each message of some actors finished, and its items."""
+
+    def __init__(self, *actor_names: str) -> None:
+        self.actor_names = set(actor_names)
         self.finished: list[float] = []
+        self.items: list[int] = []
         self.failed = 0
         self.lock = threading.Lock()
 
@@ -254,18 +267,24 @@ class Timing:
 
         class _Timing(dramatiq.Middleware):
             def after_process_message(self, broker, message, *, result=None, exception=None):  # type: ignore[no-untyped-def]
-                if message.actor_name != timing.actor_name:
+                if message.actor_name not in timing.actor_names:
                     return
                 with timing.lock:
                     timing.finished.append(time.perf_counter())
+                    timing.items.append(carried(message))
                     timing.failed += exception is not None
 
         return _Timing()
 
+    @property
+    def done(self) -> int:
+        return sum(self.items)
+
     def rate(self) -> float:
+        """Items per second after the first message finished (its items are not counted)."""
         if len(self.finished) < 2:
             return 0.0
-        return (len(self.finished) - 1) / (self.finished[-1] - self.finished[0])
+        return (self.done - self.items[0]) / (self.finished[-1] - self.finished[0])
 
 
 def drain_noop(broker: Any, count: int) -> float:
@@ -280,7 +299,7 @@ def drain_noop(broker: Any, count: int) -> float:
     worker = dramatiq.Worker(broker, queues={"system"}, worker_threads=WORKER_THREADS)
     worker.start()
     try:
-        wait_for(lambda: len(timing.finished) >= count, "no-op drain")
+        wait_for(lambda: timing.done >= count, "no-op drain")
     finally:
         worker.stop()
     return timing.rate()
@@ -291,7 +310,7 @@ def run_inbox(
 ) -> tuple[float, int]:
     import dramatiq
 
-    timing = Timing("apply_recognition_message")
+    timing = Timing("apply_recognition_messages", "apply_recognition_message")
     broker.add_middleware(timing.as_middleware())
     worker = dramatiq.Worker(broker, queues={"inbox"}, worker_threads=WORKER_THREADS)
     code = (
@@ -306,11 +325,11 @@ def run_inbox(
     )
     if prefill:  # measure the actor alone: the bridge fills the queue before the worker starts
         t0 = time.perf_counter()
-        wait_for(lambda: broker.client.hlen("dramatiq:inbox.msgs") >= count, "bridge prefill")
+        wait_for(lambda: queued_results(broker) >= count, "bridge prefill", poll_s=0.2)
         print(f"bridge enqueued {count} in {time.perf_counter() - t0:.2f}s (incl. startup)")
     worker.start()
     try:
-        wait_for(lambda: len(timing.finished) >= count, "inbox results applied")
+        wait_for(lambda: timing.done >= count, "inbox results applied")
     finally:
         bridge.send_signal(signal.SIGTERM)
         bridge.wait(30)
@@ -319,7 +338,16 @@ def run_inbox(
         applied = conn.execute(
             "SELECT count(*) FROM recognition_job WHERE status = 'done'"
         ).fetchone()
+    batches = len(timing.finished)
+    print(f"inbox: {count} results in {batches} actor messages ({count / batches:.0f} per message)")
     return timing.rate(), int(applied[0]) if applied else 0
+
+
+def queued_results(broker: Any) -> int:
+    """Results waiting in the inbox queue, over all its (batch) messages."""
+    return sum(
+        len(json.loads(raw)["args"][0]) for raw in broker.client.hvals("dramatiq:inbox.msgs")
+    )
 
 
 def main() -> int:

@@ -1,10 +1,13 @@
-"""NATS bridge: recognition acks and results → ``apply_recognition_message`` actor messages.
+"""NATS bridge: recognition acks and results → ``apply_recognition_messages`` actor messages.
 
-With JetStream a durable pull consumer feeds the bridge (any number of bridges
-share it) and a message is acked only after its actor message was enqueued, so
-a bridge killed in between leaves it to be redelivered. Without JetStream a
-core queue group shares the subject between bridges (at most once). SIGTERM
-or SIGINT: stop fetching, finish the batch in hand, drain, exit 0.
+Messages travel in batches: what one fetch returns, topped up for a short
+linger, bounded by count and bytes, becomes one actor message (the inbox then
+applies it in one transaction). With JetStream a durable pull consumer feeds
+the bridge (any number of bridges share it) and a message is acked only after
+its batch's actor message was enqueued, so a bridge killed in between leaves it
+to be redelivered. Without JetStream a core queue group shares the subject
+between bridges (at most once). SIGTERM or SIGINT: stop fetching, finish the
+batch in hand, drain, exit 0.
 """
 
 from __future__ import annotations
@@ -13,9 +16,11 @@ import asyncio
 import base64
 import logging
 import signal
+import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
-from actors.recognition import apply_recognition_message
+from actors.recognition import apply_recognition_messages
 from mailroom.adapters.nats import IncomingMessage, NatsClient, ResultSubscription
 from mailroom.errors import AppError
 from mailroom.recognition.finality import short_repr
@@ -23,20 +28,38 @@ from mailroom.settings import Settings
 
 logger = logging.getLogger(__name__)
 
-#: Sends one actor message: (subject, base64 body, headers). Blocking (a broker call).
-Send = Callable[[str, str, dict[str, str]], object]
+#: Sends one actor message for a batch of ``{"subject", "data" (base64), "headers"}`` items.
+#: Blocking (a broker call).
+Send = Callable[[list[dict[str, Any]]], object]
 
 #: Wait after a failed fetch or send before trying again, in seconds.
 ERROR_BACKOFF_S = 1.0
+#: Longest wait for more messages to fill a batch after the first ones arrived, in seconds.
+LINGER_S = 0.02
+#: Most NATS body bytes in one actor message (one larger message still goes, alone).
+MAX_BATCH_BYTES = 1024 * 1024
 
 
 class NatsBridge:
     """The bridge loop, runnable in-process (tests) or from ``run`` (the CLI)."""
 
-    def __init__(self, client: NatsClient, send: Send, *, settings: Settings) -> None:
+    def __init__(
+        self,
+        client: NatsClient,
+        send: Send,
+        *,
+        settings: Settings,
+        linger_s: float = LINGER_S,
+        max_batch_bytes: int = MAX_BATCH_BYTES,
+    ) -> None:
         self.client = client
         self.send = send
         self.settings = settings
+        self.linger_s = linger_s
+        self.max_batch_bytes = max_batch_bytes
+        #: Most NATS messages in one actor message.
+        self.max_batch = max(1, settings.nats.bridge_fetch_batch)
+        self.batches = 0
         self.forwarded = 0
         self.dropped = 0
         self._stop = asyncio.Event()
@@ -60,9 +83,10 @@ class NatsBridge:
             while not self.stopping:
                 try:
                     batch = await subscription.fetch(
-                        self.settings.nats.bridge_fetch_batch,
-                        self.settings.nats.bridge_fetch_timeout_s,
+                        self.max_batch, self.settings.nats.bridge_fetch_timeout_s
                     )
+                    if batch:
+                        batch += await self._linger(subscription, len(batch))
                 except AppError as exc:
                     logger.warning("NATS fetch failed: %s", exc)
                     await self._pause()
@@ -75,8 +99,29 @@ class NatsBridge:
         logger.info("NATS bridge stopped: %d forwarded, %d dropped", self.forwarded, self.dropped)
         return 0
 
+    async def _linger(self, subscription: ResultSubscription, have: int) -> list[IncomingMessage]:
+        """More messages for a batch of ``have``, for up to ``linger_s``.
+
+        An error here only ends the linger: the messages in hand still go out,
+        and the next fetch meets the error again.
+        """
+        more: list[IncomingMessage] = []
+        deadline = time.monotonic() + self.linger_s
+        while have + len(more) < self.max_batch and not self.stopping:
+            left = deadline - time.monotonic()
+            if left <= 0.001:
+                break
+            try:
+                fetched = await subscription.fetch(self.max_batch - have - len(more), left)
+            except AppError:
+                break
+            if not fetched:
+                break
+            more += fetched
+        return more
+
     async def forward(self, batch: Sequence[IncomingMessage]) -> bool:
-        """Send the batch's actor messages, then ack each sent one; False when sending failed."""
+        """Send the batch as actor messages, then ack what was sent; False when sending failed."""
         limit = self.settings.recognition.max_message_bytes
         keep = [m for m in batch if len(m.data) <= limit]
         for message in batch:
@@ -89,21 +134,44 @@ class NatsBridge:
                     limit,
                 )
                 await message.ack()
-        sent = await asyncio.to_thread(self._send_all, keep)
-        for message in keep[:sent]:
-            await message.ack()
-        self.forwarded += sent
-        return sent == len(keep)
-
-    def _send_all(self, batch: Sequence[IncomingMessage]) -> int:
-        for index, message in enumerate(batch):
+        for chunk in self._chunks(keep):
+            items = [
+                {
+                    "subject": m.subject,
+                    "data": base64.b64encode(m.data).decode(),
+                    "headers": m.headers,
+                }
+                for m in chunk
+            ]
             try:
-                self.send(message.subject, base64.b64encode(message.data).decode(), message.headers)
+                await asyncio.to_thread(self.send, items)
             except Exception as exc:
                 # NOTE: unacked messages stay with JetStream and come back after ack_wait.
-                logger.warning("Enqueueing a recognition message failed: %s", type(exc).__name__)
-                return index
-        return len(batch)
+                logger.warning(
+                    "Enqueueing %d recognition messages failed: %s", len(chunk), type(exc).__name__
+                )
+                return False
+            for message in chunk:
+                await message.ack()
+            self.forwarded += len(chunk)
+            self.batches += 1
+        return True
+
+    def _chunks(self, messages: Sequence[IncomingMessage]) -> list[list[IncomingMessage]]:
+        """``messages`` in order, cut into batches bounded by count and body bytes."""
+        chunks: list[list[IncomingMessage]] = []
+        size = 0
+        for message in messages:
+            if (
+                not chunks
+                or len(chunks[-1]) >= self.max_batch
+                or size + len(message.data) > self.max_batch_bytes
+            ):
+                chunks.append([])
+                size = 0
+            chunks[-1].append(message)
+            size += len(message.data)
+        return chunks
 
     async def _subscribe(self) -> ResultSubscription | None:
         while not self.stopping:
@@ -123,8 +191,8 @@ class NatsBridge:
             pass
 
 
-def _send_to_inbox(subject: str, data: str, headers: dict[str, str]) -> object:
-    return apply_recognition_message.send(subject, data, headers)
+def _send_to_inbox(items: list[dict[str, Any]]) -> object:
+    return apply_recognition_messages.send(items)
 
 
 async def _main(settings: Settings) -> int:

@@ -21,6 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field
 SCHEMA_VERSION = "1.0"
 RESULT_SCHEMA_VERSION = "1.0"
 MSG_ID_HEADER = "Nats-Msg-Id"
+#: Counters are stored as 32-bit integers.
+MAX_COUNTER = 2**31 - 1
 
 Pipeline = Literal["tabular", "image"]
 ResponseStatus = Literal["processing", "done", "needs_check", "error"]
@@ -70,9 +72,9 @@ class ServiceInfo(_Contract):
 class ResponseMetrics(BaseModel):
     model_config = ConfigDict(extra="allow", frozen=True)
 
-    fields_total: int | None = Field(default=None, ge=0)
-    fields_low_confidence: int | None = Field(default=None, ge=0)
-    fields_unrecognized: int | None = Field(default=None, ge=0)
+    fields_total: int | None = Field(default=None, ge=0, le=MAX_COUNTER)
+    fields_low_confidence: int | None = Field(default=None, ge=0, le=MAX_COUNTER)
+    fields_unrecognized: int | None = Field(default=None, ge=0, le=MAX_COUNTER)
 
 
 class ResponseError(_Contract):
@@ -89,7 +91,7 @@ class RecognitionResponse(_Contract):
     status: ResponseStatus
     service: ServiceInfo
     result_s3: ObjectRef | None = None
-    result_schema_version: str | None = None
+    result_schema_version: str | None = Field(default=None, max_length=20)
     metrics: ResponseMetrics | None = None
     error: ResponseError | None = None
 

@@ -1,10 +1,16 @@
 """The inbox: acks and results from recognition services (DESIGN.md §5).
 
-``apply_recognition_message`` parses outside the database, then runs one short
-transaction with no network I/O. ``SELECT … FOR UPDATE`` on the job waits for
-whoever holds it (the publisher mid-batch, the watchdog), so the first to lock
-the row decides and the others see its outcome. The handler is idempotent: a
+Messages are parsed outside the database, then a batch of them is applied in
+one short transaction with no network I/O: ``SELECT … FOR UPDATE`` on the
+batch's jobs (in id order, so concurrent batches never deadlock each other)
+waits for whoever holds them (the publisher mid-batch, the watchdog), so the
+first to lock a row decides and the others see its outcome. Each message's
+rules run in Python against the locked rows, in arrival order, and the changes
+are written back with one statement per table. The handler is idempotent: a
 redelivered message finds its effect already there and changes nothing.
+
+A batch whose transaction fails is applied again one message per transaction,
+so one message the database refuses never takes its neighbours down with it.
 """
 
 from __future__ import annotations
@@ -12,12 +18,13 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from pydantic import ValidationError
+from sqlalchemy import exc as sa_exc
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -46,7 +53,17 @@ Applied = Literal[
     "result_applied",
     "result_duplicate",
     "result_late",
+    "failed",  # its own transaction failed too (batch fallback only): apply it again later
 ]
+
+
+@dataclass(frozen=True)
+class InboxMessage:
+    """One NATS message as the bridge forwarded it."""
+
+    subject: str
+    data: bytes
+    headers: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -56,6 +73,8 @@ class InboxOutcome:
     applied: Applied
     job_id: uuid.UUID | None = None
     map_job_id: uuid.UUID | None = None
+    #: Why a ``failed`` message failed.
+    error: Exception | None = None
 
 
 class InvalidMessage(ValueError):
@@ -90,96 +109,16 @@ def _header(headers: Mapping[str, str], name: str) -> str | None:
     return None
 
 
-_LOCK_JOB = text(
-    """
-    SELECT j.id, j.file_id, j.status, j.attempt, j.result_msg_id, j.metrics,
-           f.current_recognition_job_id = j.id AS is_current
-      FROM recognition_job AS j
-      JOIN stored_file AS f ON f.id = j.file_id
-     WHERE j.id = :id
-       FOR UPDATE OF j
-    """
-)
-
-# Each answer is written in one statement (the job, its result object, its current file), so
-# the transaction is three round trips: lock, write, commit.
-_APPLY_ACK = text(
-    """
-    WITH job AS (
-        UPDATE recognition_job
-           SET status = 'processing', started_at = :now,
-               service_name = :service_name, service_version = :service_version
-         WHERE id = :id
-        RETURNING id, file_id
-    )
-    UPDATE stored_file AS f SET status = 'PROCESSING', updated_at = :now
-      FROM job
-     WHERE f.id = job.file_id AND f.current_recognition_job_id = job.id AND f.status = 'UPLOADED'
-    """
-)
-
-_APPLY_RESULT = text(
-    """
-    WITH registered AS (
-        INSERT INTO stored_object (bucket_role, bucket, key, created_by)
-        SELECT 'results', CAST(:bucket AS text), CAST(:key AS text), :created_by
-         WHERE CAST(:bucket AS text) IS NOT NULL
-        ON CONFLICT (bucket, key) DO NOTHING
-        RETURNING id
-    ), result_object AS (
-        SELECT id FROM registered
-        UNION ALL
-        SELECT id FROM stored_object WHERE bucket = :bucket AND key = :key
-        LIMIT 1
-    ), job AS (
-        UPDATE recognition_job
-           SET status = :status, finished_at = :now,
-               service_name = :service_name, service_version = :service_version,
-               metrics = CAST(:metrics AS jsonb),
-               fields_total = :fields_total,
-               fields_low_confidence = :fields_low_confidence,
-               fields_unrecognized = :fields_unrecognized,
-               error_code = :error_code, error_message = :error_message,
-               result_schema_version = :result_schema_version,
-               result_object_id = (SELECT id FROM result_object),
-               result_msg_id = :msg_id
-         WHERE id = :id
-        RETURNING id, file_id
-    ), file AS (
-        UPDATE stored_file AS f
-           SET status = CASE WHEN :status = 'error' THEN 'ERROR' ELSE 'PROCESSING' END,
-               status_reason = CASE WHEN :status = 'error' THEN :reason ELSE f.status_reason END,
-               updated_at = :now
-          FROM job
-         WHERE f.id = job.file_id AND f.current_recognition_job_id = job.id
-           AND (:status = 'error' OR f.status = 'UPLOADED')
-        RETURNING f.id
-    )
-    SELECT (SELECT id FROM result_object) AS result_object_id
-    """
-)
-
-# A result object registered by a transaction that committed after our statement's snapshot
-# is invisible to it (ON CONFLICT did nothing, the SELECT saw nothing): link it in a new one.
-_LINK_RESULT_OBJECT = text(
-    """
-    UPDATE recognition_job
-       SET result_object_id = (SELECT id FROM stored_object WHERE bucket = :bucket AND key = :key)
-     WHERE id = :id
-    """
-)
+@dataclass(frozen=True)
+class _Parsed:
+    subject: str
+    response: RecognitionResponse
+    msg_id: str | None
 
 
-async def apply_recognition_message(
-    sessions: async_sessionmaker[AsyncSession],
-    *,
-    subject: str,
-    data: bytes,
-    headers: Mapping[str, str],
-    max_bytes: int,
-    now: datetime | None = None,
-) -> InboxOutcome:
-    """Apply one ack or result; database errors propagate (the caller retries)."""
+def _parse(message: InboxMessage, *, max_bytes: int) -> _Parsed | InboxOutcome:
+    """The parsed message, or its ``rejected`` outcome (warned without the body)."""
+    subject, data = message.subject, message.data
     if not check_size(data, max_bytes=max_bytes):
         logger.warning(
             "Rejected recognition message on %r: %d bytes exceeds %d", subject, len(data), max_bytes
@@ -197,7 +136,7 @@ async def apply_recognition_message(
             reason,
         )
         return InboxOutcome("rejected")
-    msg_id = _header(headers, MSG_ID_HEADER)
+    msg_id = _header(message.headers, MSG_ID_HEADER)
     if msg_id is not None and len(msg_id) > MAX_MSG_ID_CHARS:
         logger.warning(
             "Rejected recognition message on %r for job %s: Nats-Msg-Id too long (%d chars)",
@@ -206,90 +145,405 @@ async def apply_recognition_message(
             len(msg_id),
         )
         return InboxOutcome("rejected", response.job_id)
-
-    async with sessions() as session, session.begin():
-        job = (await session.execute(_LOCK_JOB, {"id": response.job_id})).one_or_none()
-        if job is None:
-            logger.warning("Recognition message on %r for unknown job %s", subject, response.job_id)
-            return InboxOutcome("unknown_job", response.job_id)
-        if job.file_id != response.file_id:
-            logger.warning(
-                "Recognition message for job %s names file %d, the job's file is %d; ignored",
-                job.id,
-                response.file_id,
-                job.file_id,
-            )
-            return InboxOutcome("file_mismatch", job.id)
-        if msg_id is None:
-            derive = ack_msg_id if response.is_ack else result_msg_id
-            msg_id = derive(job.id, job.attempt)
-            logger.warning(
-                "Recognition message for job %s has no Nats-Msg-Id; using %s", job.id, msg_id
-            )
-        if response.is_ack:
-            return await _apply_ack(session, job, response, now or utcnow())
-        return await _apply_result(session, job, response, msg_id, now or utcnow())
+    return _Parsed(subject, response, msg_id)
 
 
-async def _apply_ack(
-    session: AsyncSession, job: Any, response: RecognitionResponse, now: datetime
+# The columns an answer may change; the batch reads them under the lock and writes them back.
+_LOCK_JOBS = text(
+    """
+    SELECT id, file_id, status, attempt, result_msg_id, metrics, started_at, finished_at,
+           service_name, service_version, fields_total, fields_low_confidence,
+           fields_unrecognized, error_code, error_message, result_schema_version,
+           result_object_id
+      FROM recognition_job
+     WHERE id = ANY(:ids)
+     ORDER BY id
+       FOR UPDATE
+    """
+)
+
+# Sorted, so two batches registering the same keys wait for each other instead of deadlocking.
+_REGISTER_OBJECTS = text(
+    """
+    INSERT INTO stored_object (bucket_role, bucket, key, created_by)
+    SELECT 'results', r.bucket, r.key, r.created_by
+      FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(bucket text, key text, created_by text)
+     ORDER BY r.bucket, r.key
+    ON CONFLICT (bucket, key) DO NOTHING
+    RETURNING id, bucket, key
+    """
+)
+
+# A separate statement: its fresh snapshot sees objects another transaction committed while
+# our INSERT waited on them (ON CONFLICT DO NOTHING returns nothing for those).
+_FIND_OBJECTS = text(
+    """
+    SELECT o.id, o.bucket, o.key
+      FROM stored_object AS o
+      JOIN jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(bucket text, key text)
+        ON o.bucket = r.bucket AND o.key = r.key
+    """
+)
+
+# The jobs and their current files in one statement (Postgres runs a data-modifying WITH
+# whether or not the main statement reads it). The ``= ANY`` arrays steer the planner to the
+# primary keys: it cannot size ``jsonb_to_recordset`` and would scan both tables. A file follows only its current job and
+# leaves UPLOADED only forward; an error result fails it.
+_WRITE_BACK = text(
+    """
+    WITH jobs AS (
+        UPDATE recognition_job AS j
+           SET status = r.status, started_at = r.started_at, finished_at = r.finished_at,
+               service_name = r.service_name, service_version = r.service_version,
+               metrics = CASE WHEN r.result_applied THEN r.metrics ELSE j.metrics END,
+               fields_total = r.fields_total,
+               fields_low_confidence = r.fields_low_confidence,
+               fields_unrecognized = r.fields_unrecognized,
+               error_code = r.error_code, error_message = r.error_message,
+               result_schema_version = r.result_schema_version,
+               result_object_id = r.result_object_id, result_msg_id = r.result_msg_id
+          FROM jsonb_to_recordset(CAST(:jobs AS jsonb)) AS r(
+               id uuid, status text, started_at timestamptz, finished_at timestamptz,
+               service_name text, service_version text, result_applied boolean, metrics jsonb,
+               fields_total int, fields_low_confidence int, fields_unrecognized int,
+               error_code text, error_message text, result_schema_version text,
+               result_object_id bigint, result_msg_id text)
+         WHERE j.id = r.id AND j.id = ANY(CAST(:job_ids AS uuid[]))
+        RETURNING j.id
+    )
+    UPDATE stored_file AS f
+       SET status = CASE WHEN r.error THEN 'ERROR' ELSE 'PROCESSING' END,
+           status_reason = CASE WHEN r.error THEN r.reason ELSE f.status_reason END,
+           updated_at = :now
+      FROM jsonb_to_recordset(CAST(:files AS jsonb))
+           AS r(job_id uuid, file_id bigint, error boolean, reason text)
+     WHERE f.id = r.file_id AND f.id = ANY(CAST(:file_ids AS bigint[]))
+       AND f.current_recognition_job_id = r.job_id AND (r.error OR f.status = 'UPLOADED')
+    """
+)
+
+
+@dataclass
+class _Job:
+    """A locked job row, changed in place as the batch's messages apply in order."""
+
+    row: dict[str, Any]
+    changed: bool = False
+    result_applied: bool = False
+    #: The file change this batch asks for: ``None``, ``"processing"`` or ``"error"``.
+    file_change: str | None = None
+    file_reason: str | None = None
+    result_object: tuple[str, str] | None = None
+    created_by: str = ""
+
+    @property
+    def id(self) -> uuid.UUID:
+        return cast(uuid.UUID, self.row["id"])
+
+    @property
+    def status(self) -> str:
+        return cast(str, self.row["status"])
+
+
+@dataclass
+class _Batch:
+    """Outcomes in message order, and the log lines to emit once the batch commits."""
+
+    outcomes: list[InboxOutcome] = field(default_factory=list)
+    logs: list[tuple[int, str, tuple[Any, ...]]] = field(default_factory=list)
+
+    def log(self, level: int, message: str, *args: Any) -> None:
+        self.logs.append((level, message, args))
+
+    def emit(self) -> None:
+        for level, message, args in self.logs:
+            logger.log(level, message, *args)
+
+
+def _apply_one(batch: _Batch, jobs: dict[uuid.UUID, _Job], parsed: _Parsed, now: datetime) -> None:
+    """One message's rules against the locked rows (DESIGN.md §5, Inbox)."""
+    response = parsed.response
+    job = jobs.get(response.job_id)
+    if job is None:
+        batch.log(
+            logging.WARNING,
+            "Recognition message on %r for unknown job %s",
+            parsed.subject,
+            response.job_id,
+        )
+        batch.outcomes.append(InboxOutcome("unknown_job", response.job_id))
+        return
+    if job.row["file_id"] != response.file_id:
+        batch.log(
+            logging.WARNING,
+            "Recognition message for job %s names file %d, the job's file is %d; ignored",
+            job.id,
+            response.file_id,
+            job.row["file_id"],
+        )
+        batch.outcomes.append(InboxOutcome("file_mismatch", job.id))
+        return
+    msg_id = parsed.msg_id
+    if msg_id is None:
+        derive = ack_msg_id if response.is_ack else result_msg_id
+        msg_id = derive(job.id, job.row["attempt"])
+        batch.log(
+            logging.WARNING,
+            "Recognition message for job %s has no Nats-Msg-Id; using %s",
+            job.id,
+            msg_id,
+        )
+    if response.is_ack:
+        batch.outcomes.append(_apply_ack(batch, job, response, now))
+    else:
+        batch.outcomes.append(_apply_result(batch, job, response, msg_id, now))
+
+
+def _apply_ack(
+    batch: _Batch, job: _Job, response: RecognitionResponse, now: datetime
 ) -> InboxOutcome:
     if job.status == "processing":
-        logger.debug("Repeated ack for job %s ignored", job.id)
+        batch.log(logging.DEBUG, "Repeated ack for job %s ignored", job.id)
         return InboxOutcome("ack_repeated", job.id)
     if job.status != "published":
-        logger.warning("Ack for job %s in status %s ignored", job.id, job.status)
+        batch.log(logging.WARNING, "Ack for job %s in status %s ignored", job.id, job.status)
         return InboxOutcome("ack_unexpected", job.id)
-    await session.execute(
-        _APPLY_ACK,
-        {
-            "id": job.id,
-            "now": now,
-            "service_name": response.service.name,
-            "service_version": response.service.version,
-        },
+    job.row.update(
+        status="processing",
+        started_at=now,
+        service_name=response.service.name,
+        service_version=response.service.version,
     )
-    logger.info("Recognition job %s acked by %s", job.id, short_repr(response.service.name))
+    job.changed = True
+    job.file_change = job.file_change or "processing"
+    batch.log(
+        logging.INFO, "Recognition job %s acked by %s", job.id, short_repr(response.service.name)
+    )
     return InboxOutcome("ack_applied", job.id)
 
 
-async def _apply_result(
-    session: AsyncSession, job: Any, response: RecognitionResponse, msg_id: str, now: datetime
+def _apply_result(
+    batch: _Batch, job: _Job, response: RecognitionResponse, msg_id: str, now: datetime
 ) -> InboxOutcome:
-    if job.result_msg_id == msg_id:
-        logger.debug("Duplicate result %s for job %s ignored", msg_id, job.id)
+    row = job.row
+    if row["result_msg_id"] == msg_id:
+        batch.log(logging.DEBUG, "Duplicate result %s for job %s ignored", msg_id, job.id)
         return InboxOutcome("result_duplicate", job.id)
     if job.status in FINAL_JOB_STATUSES:
-        logger.warning("Late result for job %s ignored: the job is already %s", job.id, job.status)
+        batch.log(
+            logging.WARNING,
+            "Late result for job %s ignored: the job is already %s",
+            job.id,
+            job.status,
+        )
         return InboxOutcome("result_late", job.id)
 
     theirs = response.metrics.model_dump(exclude_none=True) if response.metrics else {}
-    ours = job.metrics if isinstance(job.metrics, dict) else {}
+    ours = row["metrics"] if isinstance(row["metrics"], dict) else {}
     error = response.error
     error_code = (error.code if error else "SERVICE_ERROR") if response.status == "error" else None
     error_message = (error.message[:MAX_REASON_CHARS] if error else None) if error_code else None
     result_s3 = response.result_s3
-    params = {
-        "id": job.id,
-        "status": response.status,
-        "now": now,
-        "service_name": response.service.name,
-        "service_version": response.service.version,
-        "metrics": json.dumps({**ours, **theirs}, default=str),
-        "fields_total": theirs.get("fields_total"),
-        "fields_low_confidence": theirs.get("fields_low_confidence"),
-        "fields_unrecognized": theirs.get("fields_unrecognized"),
-        "error_code": error_code,
-        "error_message": error_message,
-        "result_schema_version": response.result_schema_version,
-        "msg_id": msg_id,
-        "bucket": result_s3.bucket if result_s3 else None,
-        "key": result_s3.key if result_s3 else None,
-        "created_by": f"recognition:{response.service.name}"[:100],
-        "reason": f"{error_code}: {error_message or ''}"[:MAX_REASON_CHARS],
-    }
-    linked = (await session.execute(_APPLY_RESULT, params)).scalar_one_or_none()
-    if result_s3 is not None and linked is None:
-        await session.execute(_LINK_RESULT_OBJECT, params)
-    logger.info("Recognition job %s result applied: %s", job.id, response.status)
+    row.update(
+        status=response.status,
+        finished_at=now,
+        service_name=response.service.name,
+        service_version=response.service.version,
+        metrics={**ours, **theirs},
+        fields_total=theirs.get("fields_total"),
+        fields_low_confidence=theirs.get("fields_low_confidence"),
+        fields_unrecognized=theirs.get("fields_unrecognized"),
+        error_code=error_code,
+        error_message=error_message,
+        result_schema_version=response.result_schema_version,
+        result_object_id=None,
+        result_msg_id=msg_id,
+    )
+    job.changed = job.result_applied = True
+    job.result_object = (result_s3.bucket, result_s3.key) if result_s3 else None
+    job.created_by = f"recognition:{response.service.name}"[:100]
+    if response.status == "error":
+        job.file_change = "error"
+        job.file_reason = f"{error_code}: {error_message or ''}"[:MAX_REASON_CHARS]
+    else:
+        job.file_change = job.file_change or "processing"
+    batch.log(logging.INFO, "Recognition job %s result applied: %s", job.id, response.status)
     return InboxOutcome("result_applied", job.id, map_job_id=job.id)
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, default=_json_default, separators=(",", ":"))
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return str(value)
+
+
+async def _register_objects(session: AsyncSession, jobs: Sequence[_Job]) -> None:
+    """Register each result object once (reusing one already there) and link it to its job."""
+    wanted = {job.result_object: job.created_by for job in jobs if job.result_object}
+    if not wanted:
+        return
+    rows = _json(
+        [{"bucket": b, "key": k, "created_by": by} for (b, k), by in sorted(wanted.items())]
+    )
+    ids = {(b, k): i for i, b, k in await session.execute(_REGISTER_OBJECTS, {"rows": rows})}
+    missing = [ref for ref in wanted if ref not in ids]
+    if missing:
+        found = await session.execute(
+            _FIND_OBJECTS, {"rows": _json([{"bucket": b, "key": k} for b, k in missing])}
+        )
+        ids.update({(b, k): i for i, b, k in found})
+    for job in jobs:
+        if job.result_object is not None:
+            job.row["result_object_id"] = ids.get(job.result_object)
+
+
+_WRITTEN = (
+    "id",
+    "status",
+    "started_at",
+    "finished_at",
+    "service_name",
+    "service_version",
+    "metrics",
+    "fields_total",
+    "fields_low_confidence",
+    "fields_unrecognized",
+    "error_code",
+    "error_message",
+    "result_schema_version",
+    "result_object_id",
+    "result_msg_id",
+)
+
+
+async def _apply_in_one_transaction(
+    sessions: async_sessionmaker[AsyncSession], parsed: Sequence[_Parsed], now: datetime
+) -> _Batch:
+    batch = _Batch()
+    ids = sorted({p.response.job_id for p in parsed})
+    async with sessions() as session, session.begin():
+        locked = await session.execute(_LOCK_JOBS, {"ids": ids})
+        jobs = {row.id: _Job(dict(row._mapping)) for row in locked}
+        for message in parsed:
+            _apply_one(batch, jobs, message, now)
+        changed = [job for job in jobs.values() if job.changed]
+        if changed:
+            await _register_objects(session, changed)
+            job_rows = [
+                {
+                    **{name: job.row[name] for name in _WRITTEN},
+                    "result_applied": job.result_applied,
+                }
+                for job in changed
+            ]
+            file_rows = [
+                {
+                    "job_id": job.id,
+                    "file_id": job.row["file_id"],
+                    "error": job.file_change == "error",
+                    "reason": job.file_reason,
+                }
+                for job in changed
+                if job.file_change is not None
+            ]
+            params = {
+                "jobs": _json(job_rows),
+                "job_ids": [job.id for job in changed],
+                "files": _json(file_rows),
+                "file_ids": [row["file_id"] for row in file_rows],
+                "now": now,
+            }
+            await session.execute(_WRITE_BACK, params)
+    batch.emit()
+    return batch
+
+
+async def apply_recognition_messages(
+    sessions: async_sessionmaker[AsyncSession],
+    messages: Sequence[InboxMessage],
+    *,
+    max_bytes: int,
+    now: datetime | None = None,
+) -> list[InboxOutcome]:
+    """Apply a batch of acks and results; their outcomes, in message order.
+
+    One transaction for the whole batch. When it fails, each message is applied
+    in its own transaction; one that fails there too gets a ``failed`` outcome
+    carrying its error, for the caller to retry on its own. Raises when no
+    message could be applied (the database is likely down: retry the batch),
+    and at once when the connection was lost.
+    """
+    now = now or utcnow()
+    outcomes: list[InboxOutcome | None] = []
+    parsed: list[tuple[int, _Parsed]] = []
+    for index, message in enumerate(messages):
+        checked = _parse(message, max_bytes=max_bytes)
+        if isinstance(checked, InboxOutcome):
+            outcomes.append(checked)
+        else:
+            outcomes.append(None)
+            parsed.append((index, checked))
+    if not parsed:
+        return [o for o in outcomes if o is not None]
+    try:
+        batch = await _apply_in_one_transaction(sessions, [p for _, p in parsed], now)
+        applied = batch.outcomes
+    except Exception as exc:
+        if len(parsed) == 1 or _connection_lost(exc):
+            raise
+        logger.warning(
+            "Recognition batch of %d messages failed (%s); applying them one by one",
+            len(parsed),
+            type(exc).__name__,
+        )
+        applied = await _apply_one_by_one(sessions, [p for _, p in parsed], now)
+    for (index, _), outcome in zip(parsed, applied, strict=True):
+        outcomes[index] = outcome
+    return [o for o in outcomes if o is not None]
+
+
+async def _apply_one_by_one(
+    sessions: async_sessionmaker[AsyncSession], parsed: Sequence[_Parsed], now: datetime
+) -> list[InboxOutcome]:
+    applied: list[InboxOutcome] = []
+    first_error: Exception | None = None
+    for message in parsed:
+        try:
+            applied += (await _apply_in_one_transaction(sessions, [message], now)).outcomes
+        except Exception as exc:
+            if _connection_lost(exc):
+                raise
+            first_error = first_error or exc
+            logger.warning(
+                "Recognition message for job %s failed on its own: %s",
+                message.response.job_id,
+                type(exc).__name__,
+            )
+            applied.append(InboxOutcome("failed", message.response.job_id, error=exc))
+    if first_error is not None and all(o.applied == "failed" for o in applied):
+        raise first_error
+    return applied
+
+
+def _connection_lost(exc: Exception) -> bool:
+    return isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated
+
+
+async def apply_recognition_message(
+    sessions: async_sessionmaker[AsyncSession],
+    *,
+    subject: str,
+    data: bytes,
+    headers: Mapping[str, str],
+    max_bytes: int,
+    now: datetime | None = None,
+) -> InboxOutcome:
+    """Apply one ack or result; database errors propagate (the caller retries)."""
+    [outcome] = await apply_recognition_messages(
+        sessions, [InboxMessage(subject, data, headers)], max_bytes=max_bytes, now=now
+    )
+    return outcome

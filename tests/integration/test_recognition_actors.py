@@ -12,11 +12,13 @@ import pytest
 from actors import queues
 from actors.recognition import (
     apply_recognition_message,
+    apply_recognition_messages,
     expire_recognition_deadlines,
     map_recognition_result,
     publish_recognition_requests,
     sweep_unmapped_results,
 )
+from actors.retry_policy import RetryPolicy
 from bridges.nats import NatsBridge
 from mailroom.adapters.nats import NatsClient
 from mailroom.adapters.storage import build_store
@@ -115,6 +117,55 @@ async def test_bad_messages_among_good_ones_never_stop_the_good_ones(
     assert not stub_broker.dead_letters
 
 
+async def test_batch_isolates_bad_items_and_a_message_the_database_refuses(
+    recognition_factory, recognition_resources, stub_broker, stub_worker, monkeypatch
+):
+    # The refused message is sent on as its own message; give up on it at once here.
+    monkeypatch.setitem(
+        apply_recognition_message.options, "retry_policy", RetryPolicy(max_attempts=1)
+    )
+    refs = [
+        await recognition_factory.create_job(status="published", reply_deadline="2999-01-01")
+        for _ in range(3)
+    ]
+    poison = await recognition_factory.create_job(status="processing")
+    subject = recognition_resources.nats.subject("files.tabular_parsed")
+
+    def item(data, headers=None):
+        return {"subject": subject, "data": b64(data), "headers": headers or {}}
+
+    refused = response(
+        poison,
+        "done",
+        result_s3={"bucket": "b", "key": "k"},
+        metrics={"fields_total": 10**12},
+    )
+    apply_recognition_messages.send(
+        [
+            item(response(refs[0], "processing")),
+            item(b"{not json"),
+            "not an item",
+            {"subject": subject, "data": "***not base64***", "headers": {}},
+            item(refused, {"Nats-Msg-Id": f"{poison.job_id}:1:result"}),
+            item(response(refs[1], "processing")),
+            item(response(refs[2], "processing")),
+        ]
+    )
+
+    def join() -> None:
+        for _ in range(3):
+            stub_broker.join(queues.INBOX, fail_fast=False)
+            stub_worker.join()
+
+    await asyncio.to_thread(join)
+
+    assert {(await recognition_factory.job(r.job_id))["status"] for r in refs} == {"processing"}
+    assert (await recognition_factory.job(poison.job_id))["status"] == "processing"
+    [dead] = stub_broker.dead_letters
+    assert dead.actor_name == "apply_recognition_message"
+    assert dead.args[2] == {"Nats-Msg-Id": f"{poison.job_id}:1:result"}
+
+
 async def test_result_flows_from_nats_through_bridge_inbox_and_mapping_to_a_document(
     recognition_factory, recognition_resources, stub_broker, stub_worker
 ):
@@ -130,7 +181,7 @@ async def test_result_flows_from_nats_through_bridge_inbox_and_mapping_to_a_docu
     key = f"results/{ref.job_id}.json"
     await store.put("results", key, json.dumps(result).encode(), media_type="application/json")
     bridge = NatsBridge(
-        NatsClient(settings.nats), apply_recognition_message.send, settings=settings
+        NatsClient(settings.nats), apply_recognition_messages.send, settings=settings
     )
     task = asyncio.create_task(bridge.run())
     await asyncio.wait_for(bridge.ready.wait(), 30)

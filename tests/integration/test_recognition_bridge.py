@@ -17,7 +17,7 @@ import nats as nats_py
 import pytest
 
 from actors import queues
-from actors.recognition import apply_recognition_message
+from actors.recognition import apply_recognition_messages
 from bridges.nats import NatsBridge
 from mailroom.adapters.nats import NatsClient
 from mailroom.devstack import EmbeddedNats, free_port
@@ -48,9 +48,10 @@ async def _wait_for(predicate, timeout_s=30.0):
         await asyncio.sleep(0.02)
 
 
-def _inbox_args(stub_broker):
+def _inbox_items(stub_broker):
+    """The NATS messages the bridge forwarded, over all its batch actor messages."""
     queue = stub_broker.queues[queues.INBOX]
-    return [json.loads(m)["args"] for m in list(queue.queue)]
+    return [item for m in list(queue.queue) for item in json.loads(m)["args"][0]]
 
 
 async def test_jetstream_results_become_actor_messages_and_are_acked_after_enqueue(
@@ -58,7 +59,7 @@ async def test_jetstream_results_become_actor_messages_and_are_acked_after_enque
 ):
     settings = recognition_settings
     bridge = NatsBridge(
-        NatsClient(settings.nats), apply_recognition_message.send, settings=settings
+        NatsClient(settings.nats), apply_recognition_messages.send, settings=settings
     )
     task = await _start(bridge)
     subject = settings.nats.subject("files.tabular_parsed")
@@ -72,10 +73,10 @@ async def test_jetstream_results_become_actor_messages_and_are_acked_after_enque
     bridge.stop()
     assert await task == 0
 
-    args = _inbox_args(stub_broker)
-    assert [a[0] for a in args] == [subject] * 3
-    assert [base64.b64decode(a[1]) for a in args] == [b'{"n": 0}', b'{"n": 1}', b'{"n": 2}']
-    assert [a[2]["Nats-Msg-Id"] for a in args] == ["j:0:ack", "j:1:ack", "j:2:ack"]
+    items = _inbox_items(stub_broker)
+    assert [i["subject"] for i in items] == [subject] * 3
+    assert [base64.b64decode(i["data"]) for i in items] == [b'{"n": 0}', b'{"n": 1}', b'{"n": 2}']
+    assert [i["headers"]["Nats-Msg-Id"] for i in items] == ["j:0:ack", "j:1:ack", "j:2:ack"]
     js = publisher.jetstream()
     info = await js.consumer_info(settings.nats.stream_name, settings.nats.inbox_durable)
     assert (info.num_ack_pending, info.num_pending) == (0, 0)
@@ -84,7 +85,7 @@ async def test_jetstream_results_become_actor_messages_and_are_acked_after_enque
 async def test_message_is_left_unacked_when_enqueueing_fails(recognition_settings, publisher):
     settings = recognition_settings
 
-    def broken_send(*args):
+    def broken_send(items):
         raise ConnectionError("redis down")
 
     bridge = NatsBridge(NatsClient(settings.nats), broken_send, settings=settings)
@@ -120,7 +121,7 @@ async def test_core_queue_group_feeds_the_bridge_and_oversize_messages_are_dropp
         max_message_bytes=100,
     )
     bridge = NatsBridge(
-        NatsClient(settings.nats), apply_recognition_message.send, settings=settings
+        NatsClient(settings.nats), apply_recognition_messages.send, settings=settings
     )
     task = await _start(bridge)
     subject = settings.nats.subject("files.tabular_parsed")
@@ -132,7 +133,7 @@ async def test_core_queue_group_feeds_the_bridge_and_oversize_messages_are_dropp
     bridge.stop()
     assert await task == 0
     assert (bridge.forwarded, bridge.dropped) == (1, 1)
-    assert [base64.b64decode(a[1]) for a in _inbox_args(stub_broker)] == [b"{}"]
+    assert [base64.b64decode(i["data"]) for i in _inbox_items(stub_broker)] == [b"{}"]
 
 
 def test_bridge_process_exits_zero_on_sigterm(nats_url, subject_prefix, tmp_path):
@@ -188,7 +189,7 @@ async def test_bridge_reconnects_after_the_nats_server_restarts(
     try:
         settings = make_settings(database_url=database_url, nats_url=server.url, tmp_path=tmp_path)
         bridge = NatsBridge(
-            NatsClient(settings.nats), apply_recognition_message.send, settings=settings
+            NatsClient(settings.nats), apply_recognition_messages.send, settings=settings
         )
         task = await _start(bridge)
         subject = settings.nats.subject("files.tabular_parsed")
@@ -207,3 +208,35 @@ async def test_bridge_reconnects_after_the_nats_server_restarts(
         assert await task == 0
     finally:
         server.stop()
+
+
+async def test_messages_travel_in_batches_bounded_by_count_in_arrival_order(
+    recognition_settings, stub_broker, publisher
+):
+    settings = recognition_settings
+    settings.nats.bridge_fetch_batch = 3
+    js = publisher.jetstream()
+    bridge = NatsBridge(
+        NatsClient(settings.nats), apply_recognition_messages.send, settings=settings
+    )
+    subject = settings.nats.subject("files.tabular_parsed")
+    task = await _start(bridge)  # creates the stream; the messages wait there
+    bridge.stop()
+    assert await task == 0
+    for n in range(7):
+        await js.publish(subject, f'{{"n": {n}}}'.encode(), headers={"Nats-Msg-Id": f"j:{n}:ack"})
+
+    bridge = NatsBridge(
+        NatsClient(settings.nats), apply_recognition_messages.send, settings=settings
+    )
+    task = await _start(bridge)
+    await _wait_for(lambda: bridge.forwarded == 7)
+    bridge.stop()
+    assert await task == 0
+
+    batches = [json.loads(m)["args"][0] for m in list(stub_broker.queues[queues.INBOX].queue)]
+    assert [len(b) for b in batches] == [3, 3, 1]
+    items = [item for b in batches for item in b]
+    assert [json.loads(base64.b64decode(i["data"]))["n"] for i in items] == list(range(7))
+    info = await js.consumer_info(settings.nats.stream_name, settings.nats.inbox_durable)
+    assert (info.num_ack_pending, info.num_pending) == (0, 0)

@@ -12,7 +12,11 @@ from sqlalchemy import text
 
 from mailroom.adapters.nats import InMemoryPublisher
 from mailroom.db import create_engine, create_sessionmaker
-from mailroom.recognition.inbox import apply_recognition_message
+from mailroom.recognition.inbox import (
+    InboxMessage,
+    apply_recognition_message,
+    apply_recognition_messages,
+)
 from mailroom.recognition.outbox import publish_recognition_requests
 from mailroom.recognition.watchdog import expire_recognition_deadlines
 from mailroom.settings import DatabaseSettings
@@ -339,5 +343,142 @@ async def test_database_errors_propagate_so_the_actor_retries(published, postgre
     try:
         with pytest.raises(Exception, match="no_such_database"):
             await apply(create_sessionmaker(engine), body(published, "processing"))
+    finally:
+        await engine.dispose()
+
+
+# Batches: the bridge forwards many messages in one actor message, applied in one transaction.
+
+
+async def apply_batch(sessions, messages, now=T0):
+    return await apply_recognition_messages(
+        sessions,
+        [InboxMessage("files.tabular_parsed", data, headers) for data, headers in messages],
+        max_bytes=4096,
+        now=now,
+    )
+
+
+async def test_batch_applies_each_message_in_order_as_if_alone(
+    db_sessions, recognition_factory, published, mailroom_logs
+):
+    failing = await recognition_factory.create_job(status="processing")
+    ghost = type(published)(uuid.uuid4(), published.file_id, None, None)
+    error = {"code": "UNREADABLE", "message": "blank"}
+
+    outcomes = await apply_batch(
+        db_sessions,
+        [
+            (body(published, "processing"), msg_id(published, "ack")),
+            (b"not json", {}),
+            (body(published, "processing"), msg_id(published, "ack")),
+            (body(published, "done"), msg_id(published, "result")),
+            (body(published, "done"), msg_id(published, "result")),
+            (body(ghost, "processing"), {}),
+            (body(failing, "error", error=error), msg_id(failing, "result")),
+            (body(failing, "done"), msg_id(failing, "result", attempt=2)),
+        ],
+    )
+
+    assert [o.applied for o in outcomes] == [
+        "ack_applied",
+        "rejected",
+        "ack_repeated",
+        "result_applied",
+        "result_duplicate",
+        "unknown_job",
+        "result_applied",
+        "result_late",
+    ]
+    assert [o.map_job_id for o in outcomes if o.map_job_id] == [published.job_id, failing.job_id]
+    job = await recognition_factory.job(published.job_id)
+    assert (job["status"], job["started_at"], job["finished_at"]) == ("done", T0, T0)
+    assert job["result_msg_id"] == f"{published.job_id}:1:result"
+    assert job["result_object_id"] is not None
+    assert (await recognition_factory.file(published.file_id))["status"] == "PROCESSING"
+    failed = await recognition_factory.job(failing.job_id)
+    assert (failed["status"], failed["error_code"], failed["result_object_id"]) == (
+        "error",
+        "UNREADABLE",
+        None,
+    )
+    assert (await recognition_factory.file(failing.file_id))["status"] == "ERROR"
+    warnings = mailroom_logs.messages()
+    assert len(warnings) == 3, warnings  # not JSON, unknown job, late result
+    assert not any("not json" in w for w in warnings)
+
+
+async def test_batch_registers_a_shared_result_object_once(db_sessions, recognition_factory):
+    refs = [await recognition_factory.create_job(status="processing") for _ in range(3)]
+    shared = {"result_s3": {"bucket": "mailroom-results", "key": "shared.json"}}
+
+    await apply_batch(db_sessions, [(body(r, "done", **shared), msg_id(r, "result")) for r in refs])
+
+    ids = {(await recognition_factory.job(r.job_id))["result_object_id"] for r in refs}
+    assert len(ids) == 1 and None not in ids
+
+
+async def test_message_the_database_refuses_fails_alone_and_its_neighbours_apply(
+    db_sessions, recognition_factory, mailroom_logs
+):
+    good = [await recognition_factory.create_job(status="processing") for _ in range(2)]
+    poison = await recognition_factory.create_job(status="processing")
+    # Valid for the contract, but Postgres text cannot hold a NUL character: the database refuses it.
+    refused = {"error": {"code": "BROKEN", "message": "bad \u0000 byte"}}
+
+    outcomes = await apply_batch(
+        db_sessions,
+        [
+            (body(good[0], "done"), msg_id(good[0], "result")),
+            (body(poison, "error", **refused), msg_id(poison, "result")),
+            (body(good[1], "done"), msg_id(good[1], "result")),
+        ],
+    )
+
+    assert [o.applied for o in outcomes] == ["result_applied", "failed", "result_applied"]
+    assert outcomes[1].job_id == poison.job_id and outcomes[1].error is not None
+    assert {(await recognition_factory.job(r.job_id))["status"] for r in good} == {"done"}
+    assert (await recognition_factory.job(poison.job_id))["status"] == "processing"
+    assert any("one by one" in m for m in mailroom_logs.messages())
+
+
+async def test_batch_waits_for_a_locked_job_and_applies_after_its_holder_commits(
+    db_sessions, recognition_factory, published
+):
+    other = await recognition_factory.create_job(
+        status="published", reply_deadline=T0 + timedelta(minutes=5)
+    )
+    async with db_sessions() as holder, holder.begin():
+        await holder.execute(
+            text("SELECT 1 FROM recognition_job WHERE id = :id FOR UPDATE"), {"id": other.job_id}
+        )
+        batch = asyncio.create_task(
+            apply_batch(
+                db_sessions,
+                [
+                    (body(published, "processing"), msg_id(published, "ack")),
+                    (body(other, "processing"), msg_id(other, "ack")),
+                ],
+            )
+        )
+        await asyncio.sleep(0.3)
+        assert not batch.done(), "the batch waits for the row lock"
+        await holder.execute(
+            text("UPDATE recognition_job SET status = 'timeout' WHERE id = :id"),
+            {"id": other.job_id},
+        )
+
+    assert [o.applied for o in await batch] == ["ack_applied", "ack_unexpected"]
+    assert (await recognition_factory.job(other.job_id))["status"] == "timeout"
+
+
+async def test_batch_raises_when_no_message_can_be_applied(published, postgres_server):
+    engine = create_engine(DatabaseSettings(url=postgres_server.url("no_such_database")))
+    try:
+        with pytest.raises(Exception, match="no_such_database"):
+            await apply_batch(
+                create_sessionmaker(engine),
+                [(body(published, "processing"), {}), (body(published, "done"), {})],
+            )
     finally:
         await engine.dispose()

@@ -127,29 +127,79 @@ def test_judge_checks_required_fields_confidence_and_document_type():
     assert (asked.file_status, asked.retryable) == ("NEEDS_CHECK", False)
 
 
-async def test_bridge_acks_only_what_it_enqueued_and_drops_oversize():
-    acked: list[str] = []
-    sent: list[str] = []
+def _incoming(name: str, acked: list[str], size: int = 2) -> IncomingMessage:
+    async def ack() -> None:
+        acked.append(name)
 
-    def incoming(name: str, size: int = 2) -> IncomingMessage:
-        async def ack() -> None:
-            acked.append(name)
+    return IncomingMessage(subject=name, data=b"x" * size, headers={}, ack=ack, nak=ack)
 
-        return IncomingMessage(subject=name, data=b"x" * size, headers={}, ack=ack, nak=ack)
 
-    def send(subject, data, headers):
-        if subject == "c":
-            raise ConnectionError("broker down")
-        sent.append(subject)
-
-    settings = Settings(recognition=RecognitionSettings(max_message_bytes=10))
-    bridge = NatsBridge(NatsClient(settings.nats), send, settings=settings)
-
-    complete = await bridge.forward(
-        [incoming("a"), incoming("big", 11), incoming("b"), incoming("c"), incoming("d")]
+def _bridge(send, **nats) -> NatsBridge:
+    settings = Settings(
+        nats=NatsSettings(**nats), recognition=RecognitionSettings(max_message_bytes=10)
     )
+    return NatsBridge(NatsClient(settings.nats), send, settings=settings, max_batch_bytes=6)
+
+
+async def test_bridge_acks_only_the_batches_it_enqueued_and_drops_oversize():
+    acked: list[str] = []
+    sent: list[list[str]] = []
+
+    def send(items):
+        if any(item["subject"] == "c" for item in items):
+            raise ConnectionError("broker down")
+        sent.append([item["subject"] for item in items])
+
+    bridge = _bridge(send, bridge_fetch_batch=2)
+    names = ["a", "big", "b", "c", "d"]
+    sizes = {"big": 11}
+
+    complete = await bridge.forward([_incoming(n, acked, sizes.get(n, 2)) for n in names])
 
     assert not complete
-    assert sent == ["a", "b"]
+    assert sent == [["a", "b"]]
     assert acked == ["big", "a", "b"], "c and d stay unacked for redelivery"
-    assert (bridge.forwarded, bridge.dropped) == (2, 1)
+    assert (bridge.forwarded, bridge.dropped, bridge.batches) == (2, 1, 1)
+
+
+async def test_bridge_batches_are_bounded_by_bytes_and_a_large_message_goes_alone():
+    acked: list[str] = []
+    sent: list[list[str]] = []
+    bridge = _bridge(lambda items: sent.append([i["subject"] for i in items]))
+
+    sizes = {"a": 2, "b": 3, "c": 2, "d": 9, "e": 1}
+    assert await bridge.forward([_incoming(n, acked, size) for n, size in sizes.items()])
+
+    assert sent == [["a", "b"], ["c"], ["d"], ["e"]]
+    assert acked == list(sizes)
+
+
+class _Subscription:
+    """Hands out prepared fetch results, then nothing."""
+
+    def __init__(self, *fetches: list[IncomingMessage]) -> None:
+        self.fetches = list(fetches)
+        self.asked: list[int] = []
+
+    async def fetch(self, batch: int, timeout_s: float) -> list[IncomingMessage]:
+        self.asked.append(batch)
+        return self.fetches.pop(0)[:batch] if self.fetches else []
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_bridge_lingers_to_fill_a_batch_up_to_its_count():
+    acked: list[str] = []
+    bridge = _bridge(lambda items: None, bridge_fetch_batch=4)
+    more = _Subscription(
+        [_incoming("b", acked)],
+        [_incoming("c", acked), _incoming("d", acked), _incoming("e", acked)],
+    )
+
+    extra = await bridge._linger(more, 1)
+
+    assert [m.subject for m in extra] == ["b", "c", "d"]
+    assert more.asked == [3, 2]
+    idle = _Subscription()
+    assert await bridge._linger(idle, 1) == [] and idle.asked == [3]
