@@ -20,6 +20,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from prometheus_client import Counter
+
 from actors.recognition import apply_recognition_messages
 from mailroom.adapters.nats import IncomingMessage, NatsClient, ResultSubscription
 from mailroom.errors import AppError
@@ -27,6 +29,12 @@ from mailroom.recognition.finality import short_repr
 from mailroom.settings import Settings
 
 logger = logging.getLogger(__name__)
+
+METRIC_MESSAGES = Counter(
+    "mailroom_nats_bridge_messages_total",
+    "Recognition messages the NATS bridge handled, by outcome.",
+    ["outcome"],
+)
 
 #: Sends one actor message for a batch of ``{"subject", "data" (base64), "headers"}`` items.
 #: Blocking (a broker call).
@@ -127,6 +135,7 @@ class NatsBridge:
         for message in batch:
             if len(message.data) > limit:
                 self.dropped += 1
+                METRIC_MESSAGES.labels("dropped").inc()
                 logger.warning(
                     "Dropped recognition message on %s: %d bytes exceeds %d",
                     short_repr(message.subject),
@@ -147,6 +156,7 @@ class NatsBridge:
                 await asyncio.to_thread(self.send, items)
             except Exception as exc:
                 # NOTE: unacked messages stay with JetStream and come back after ack_wait.
+                METRIC_MESSAGES.labels("send_failed").inc(len(chunk))
                 logger.warning(
                     "Enqueueing %d recognition messages failed: %s", len(chunk), type(exc).__name__
                 )
@@ -155,6 +165,7 @@ class NatsBridge:
                 await message.ack()
             self.forwarded += len(chunk)
             self.batches += 1
+            METRIC_MESSAGES.labels("forwarded").inc(len(chunk))
         return True
 
     def _chunks(self, messages: Sequence[IncomingMessage]) -> list[list[IncomingMessage]]:
@@ -207,4 +218,7 @@ async def _main(settings: Settings) -> int:
 
 def run(settings: Settings) -> int:
     """Run the bridge until SIGTERM/SIGINT; the process exit code."""
+    from mailroom.observability import start_metrics_server
+
+    start_metrics_server(settings)
     return asyncio.run(_main(settings))
