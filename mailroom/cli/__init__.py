@@ -61,6 +61,13 @@ def worker(
 
     # Dramatiq reads its idle poll period from the environment when it starts.
     os.environ.setdefault("dramatiq_worker_timeout", str(WORKER_POLL_MS))
+    if Settings().broker.prometheus:
+        # Domain counters of the worker processes join Dramatiq's multiprocess exporter only
+        # when prometheus-client sees the folder before it is first imported.
+        from dramatiq.middleware.prometheus import DB_PATH
+
+        os.makedirs(DB_PATH, exist_ok=True)
+        os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", DB_PATH)
     os.execv(sys.executable, args)
 
 
