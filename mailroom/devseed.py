@@ -44,6 +44,18 @@ def invoice_csv(number: int) -> bytes:
     ).encode()
 
 
+def invoice_mails(start: int, count: int, *, tag: str = "Invoice") -> list[bytes]:
+    """``count`` mails numbered from ``start``, each with one CSV invoice (subject ``{tag} {n}``)."""
+    return [
+        build_mail(
+            f"{tag} {n}",
+            [(f"invoice-{n}.csv", "text/csv", invoice_csv(n))],
+            sender=f"supplier{n}@example.test",
+        )
+        for n in range(start, start + count)
+    ]
+
+
 def sample_mails() -> list[bytes]:
     """Five mails a new user can follow from IMAP to notification."""
     return [

@@ -9,22 +9,11 @@ from __future__ import annotations
 
 import pytest
 
-from mailroom.devseed import build_mail, invoice_csv
+from mailroom.devseed import invoice_mails
 
 pytestmark = pytest.mark.e2e
 
 MAILS = 50
-
-
-def _mails(start: int, count: int) -> list[bytes]:
-    return [
-        build_mail(
-            f"Invoice {n}",
-            [(f"invoice-{n}.csv", "text/csv", invoice_csv(n))],
-            sender=f"supplier{n}@example.test",
-        )
-        for n in range(start, start + count)
-    ]
 
 
 def _done(system, mails: int) -> bool:
@@ -51,7 +40,7 @@ def _assert_each_mail_once(system, mails: int) -> None:
 def test_fifty_mails_become_documents_and_delivered_notifications(make_system):
     system = make_system()
     system.start_all()
-    system.append(*_mails(1, MAILS))
+    system.append(*invoice_mails(1, MAILS))
     took = system.wait_for("50 mails delivered", lambda: _done(system, MAILS), timeout_s=180)
     _assert_each_mail_once(system, MAILS)
     print(f"{MAILS} mails → documents → notifications in {took:.1f}s")

@@ -11,21 +11,10 @@ from __future__ import annotations
 
 import pytest
 
-from mailroom.devseed import build_mail, invoice_csv
+from mailroom.devseed import invoice_mails
 from scheduling.leader import current_leader
 
 pytestmark = pytest.mark.faults
-
-
-def _mails(start: int, count: int) -> list[bytes]:
-    return [
-        build_mail(
-            f"Invoice {n}",
-            [(f"invoice-{n}.csv", "text/csv", invoice_csv(n))],
-            sender=f"supplier{n}@example.test",
-        )
-        for n in range(start, start + count)
-    ]
 
 
 def _settled(system, mails: int) -> bool:
@@ -58,7 +47,7 @@ def _assert_nothing_lost_nothing_twice(system, mails: int) -> None:
 def test_a_worker_killed_midway_and_restarted_loses_nothing(make_system):
     system = make_system()
     system.start_all()
-    system.append(*_mails(1, 40))
+    system.append(*invoice_mails(1, 40))
     system.wait_for(
         "first documents", lambda: system.scalar("SELECT count(*) FROM document") >= 8, timeout_s=90
     )
@@ -84,13 +73,13 @@ def test_the_standby_scheduler_takes_over_when_the_leader_is_killed(make_system)
 
     system.wait_for("a leader", lambda: leader_pid() is not None, timeout_s=30)
     leader = first if first.process and first.process.pid == leader_pid() else second
-    system.append(*_mails(1, 10))
+    system.append(*invoice_mails(1, 10))
     system.wait_for("first mails", lambda: _settled(system, 10), timeout_s=90)
 
     system.kill(leader.name)
     system.wait_for(
         "the standby leads", lambda: leader_pid() not in (None, leader.process.pid), timeout_s=10
     )
-    system.append(*_mails(11, 10))
+    system.append(*invoice_mails(11, 10))
     system.wait_for("mail after the failover", lambda: _settled(system, 20), timeout_s=90)
     _assert_nothing_lost_nothing_twice(system, 20)
