@@ -5,7 +5,8 @@ in-memory dict backend, as a child process), APPENDs small mails with one CSV
 attachment each into a fresh folder, then measures:
 
 - raw: imapclient alone — login, SELECT, ``UID SEARCH``, ``UID FETCH RFC822``
-  in chunks — mails per second;
+  in chunks — mails per second, once before and once after intake (the ratio
+  uses both);
 - intake: the intake pipeline as the actor runs it (claim, batch under the
   lease, parse, object store, one fenced transaction per mail) with one batch
   as large as the folder — mails per second.
@@ -77,7 +78,7 @@ def start_pymap(port: int, log: Path) -> subprocess.Popen[bytes]:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
         )
-    _wait_for_port("pymap", port, process, log)  # type: ignore[arg-type]
+    _wait_for_port("pymap", port, process, log)
     return process
 
 
@@ -164,8 +165,9 @@ def main() -> int:
         print(f"setup: {count} mails appended in {time.perf_counter() - started:.1f} s")
 
         fetched, raw_s = raw_fetch(port)
-        raw_rate = fetched / raw_s
-        print(f"raw imapclient fetch: {fetched} mails in {raw_s:.2f} s = {raw_rate:.0f} mails/s")
+        print(
+            f"raw imapclient fetch: {fetched} mails in {raw_s:.2f} s = {fetched / raw_s:.0f} mails/s"
+        )
 
         mailbox = MailboxSettings(
             name="bench",
@@ -187,6 +189,15 @@ def main() -> int:
         print(f"intake pipeline: {ingested} mails in {intake_s:.2f} s = {intake_rate:.0f} mails/s")
         if ingested != fetched:
             print(f"warning: intake stored {ingested} of {fetched} mails")
+        # Again after intake: the two runs bracket it, so load that changes during the run
+        # (other work on the host) hits both sides, and the second one reads the mails in
+        # the state intake read them (already \Seen: the first FETCH RFC822 set the flag).
+        fetched_after, raw_after_s = raw_fetch(port)
+        print(
+            f"raw imapclient fetch again: {fetched_after} mails in {raw_after_s:.2f} s "
+            f"= {fetched_after / raw_after_s:.0f} mails/s"
+        )
+        raw_rate = (fetched + fetched_after) / (raw_s + raw_after_s)
         ratio = intake_rate / raw_rate
         print(f"RESULT intake ratio={ratio:.2f} target={TARGET}")
         return 0

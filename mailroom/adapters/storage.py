@@ -12,7 +12,7 @@ import hashlib
 import os
 import tempfile
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from mailroom.errors import PermanentError, RetryableError
@@ -53,8 +53,8 @@ def content_key(data: bytes, *, prefix: str, suffix: str = "") -> str:
 
 
 def _check_key(key: str) -> str:
-    path = PurePosixPath(key)
-    if not key or path.is_absolute() or any(part in ("", ".", "..") for part in key.split("/")):
+    # POSIX rules: absolute means a leading slash, which also gives an empty first part.
+    if not key or any(part in ("", ".", "..") for part in key.split("/")):
         raise InvalidKey(f"unsafe object key {key[:100]!r}")
     return key
 
@@ -84,44 +84,108 @@ class _Buckets:
 
 
 class FilesystemStore(_Buckets):
-    """Buckets are folders under ``root``; writes are atomic (temp file + rename)."""
+    """Buckets are folders under ``root``; a reader never sees a partial object.
+
+    A new object is created under its final, content-addressed name with
+    ``O_EXCL`` (no temp file, no stat, no mkdir unless the folder is missing):
+    its key is registered only after ``put`` returns, and a half-written file
+    left by a crash has the wrong size, which the next ``put`` of the same key
+    detects and repairs with a temp file + rename. Writes run in a thread: on a
+    busy or full filesystem creating an inode can take milliseconds of kernel
+    time, which then overlaps the caller's other work instead of stalling it.
+    """
 
     def __init__(self, settings: StorageSettings, root: Path) -> None:
         super().__init__(settings)
         self.root = root
+        self._root = str(root)
 
-    def _path(self, bucket: str, key: str) -> Path:
-        return self.root / _check_key(bucket) / _check_key(key)
+    def _path(self, bucket: str, key: str) -> str:
+        return os.path.join(self._root, _check_key(bucket), _check_key(key))
 
     async def put(self, role: BucketRole, key: str, data: bytes, *, media_type: str) -> StoredRef:
         bucket = self.bucket(role)
         path = self._path(bucket, key)
-        await asyncio.to_thread(_write_atomically, path, data)
+        await asyncio.to_thread(_write_object, path, data)
         return StoredRef(bucket, key, len(data), sha256_hex(data), media_type)
 
     async def get(self, bucket: str, key: str) -> bytes:
-        path = self._path(bucket, key)
+        path = Path(self._path(bucket, key))
         try:
             return await asyncio.to_thread(path.read_bytes)
         except FileNotFoundError as exc:
             raise ObjectNotFound(f"{bucket}/{key}") from exc
 
     async def exists(self, bucket: str, key: str) -> bool:
-        return await asyncio.to_thread(self._path(bucket, key).exists)
+        return await asyncio.to_thread(os.path.exists, self._path(bucket, key))
 
 
-def _write_atomically(path: Path, data: bytes) -> None:
-    if path.exists() and path.stat().st_size == len(data):
-        return  # content-addressed: same key, same bytes
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+#: Create only, never open an existing file; objects are private like the mail they hold.
+_CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+_CREATE_MODE = 0o600
+
+
+def _write_object(path: str, data: bytes) -> None:
+    """Store ``data`` at ``path`` unless an object of the same size is already there."""
     try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
+        fd = _create(path)
+    except FileExistsError:
+        if os.stat(path).st_size == len(data):
+            return  # content-addressed: same key, same bytes
+        _replace_atomically(path, data)  # left half-written by an interrupted put
+        return
+    try:
+        _write_all(fd, data)
+    except BaseException:
+        _discard_own(fd, path)
+        raise
+    os.close(fd)
+
+
+def _discard_own(fd: int, path: str) -> None:
+    """Close and remove a file this put created, unless another put replaced it since."""
+    try:
+        ours = os.fstat(fd).st_ino
+        if os.stat(path).st_ino == ours:
+            os.unlink(path)
+    except FileNotFoundError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _create(path: str) -> int:
+    try:
+        return os.open(path, _CREATE_FLAGS, _CREATE_MODE)
+    except FileNotFoundError:  # first object under this prefix
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        return os.open(path, _CREATE_FLAGS, _CREATE_MODE)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _replace_atomically(path: str, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
+    try:
+        try:
+            _write_all(fd, data)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        _unlink_quietly(tmp)
         raise
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 class S3Store(_Buckets):

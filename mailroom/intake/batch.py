@@ -15,7 +15,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
+import psycopg
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from mailroom.adapters.imap import FetchedMail, Mailbox
 from mailroom.adapters.storage import ObjectStore
@@ -108,6 +109,9 @@ async def _ingest_in_order(
         # Autocommit: each mail is one statement, so each statement is its transaction.
         async with _engine(ctx.sessions).connect() as conn:
             await conn.execution_options(isolation_level="AUTOCOMMIT")
+            pg = (await conn.get_raw_connection()).driver_connection
+            if not isinstance(pg, psycopg.AsyncConnection):
+                raise TypeError("intake needs an engine on psycopg's async driver")
             for index in range(len(chunks)):
                 assert fetching is not None
                 mails = await fetching
@@ -121,9 +125,9 @@ async def _ingest_in_order(
                     prepare = prepare_mail(mail, store=ctx.store, limits=ctx.limits)
                     window.append((mail, asyncio.create_task(prepare)))
                     if len(window) > ahead:
-                        await _commit_next(ctx, conn, window, result)
+                        await _commit_next(ctx, pg, window, result)
             while window:
-                await _commit_next(ctx, conn, window, result)
+                await _commit_next(ctx, pg, window, result)
     except MailFailed as exc:
         exc.uidvalidity = result.uidvalidity
         raise
@@ -150,7 +154,7 @@ def _engine(sessions: async_sessionmaker[AsyncSession]) -> AsyncEngine:
 
 async def _commit_next(
     ctx: BatchContext,
-    conn: AsyncConnection,
+    pg: psycopg.AsyncConnection[Any],
     window: deque[tuple[FetchedMail, asyncio.Task[PreparedMail]]],
     result: BatchResult,
 ) -> None:
@@ -159,7 +163,7 @@ async def _commit_next(
     window.popleft()
     try:
         committed = await commit_mail(
-            conn, ctx.claim, prepared, uidvalidity=result.uidvalidity, now=ctx.clock()
+            pg, ctx.claim, prepared, uidvalidity=result.uidvalidity, now=ctx.clock()
         )
     except LeaseLost:
         raise

@@ -11,12 +11,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncConnection
+import psycopg
 
 from mailroom.adapters.imap import FetchedMail
 from mailroom.adapters.storage import ObjectStore, StoredRef, content_key
@@ -67,7 +66,7 @@ INLINE_PARSE_BYTES = 64 * 1024
 
 
 async def prepare_mail(fetched: FetchedMail, *, store: ObjectStore, limits: Limits) -> PreparedMail:
-    """Parse the mail and put the .eml and its attachments into the store, all at once.
+    """Parse the mail and put the .eml and its attachments into the store.
 
     Big mails are parsed in a thread so they never stall the lease heartbeat.
     """
@@ -78,22 +77,29 @@ async def prepare_mail(fetched: FetchedMail, *, store: ObjectStore, limits: Limi
             parsed = await asyncio.to_thread(parse_mail, fetched.raw, limits)
     except Exception as exc:
         raise MailFailed(fetched.uid, None, exc) from exc
-    puts: list[Coroutine[Any, Any, StoredRef | None]] = [
-        _store_raw(fetched.raw, store) if parsed.problem is None else _nothing()
-    ]
-    puts += [_store_attachment(a, store) for a in parsed.attachments]
-    results = await asyncio.gather(*puts, return_exceptions=True)
+    try:
+        raw_ref = await _store_raw(fetched.raw, store) if parsed.problem is None else None
+        if len(parsed.attachments) <= 1:
+            # No task per put for the common mail: the batch overlaps several mails anyway.
+            refs = [await _store_attachment(a, store) for a in parsed.attachments]
+        else:
+            refs = await _store_all(parsed.attachments, store)
+    except Exception as exc:
+        raise MailFailed(fetched.uid, parsed.message_id, exc) from exc
+    return PreparedMail(fetched, parsed, raw_ref, refs)
+
+
+async def _store_all(
+    attachments: list[ParsedAttachment], store: ObjectStore
+) -> list[StoredRef | None]:
+    """Put several attachments at once; every put ends before the first error is raised."""
+    results = await asyncio.gather(
+        *(_store_attachment(a, store) for a in attachments), return_exceptions=True
+    )
     for result in results:
-        if isinstance(result, Exception):
-            raise MailFailed(fetched.uid, parsed.message_id, result) from result
         if isinstance(result, BaseException):  # a cancellation stays a cancellation
             raise result
-    refs = [r for r in results if not isinstance(r, BaseException)]
-    return PreparedMail(fetched, parsed, refs[0], refs[1:])
-
-
-async def _nothing() -> StoredRef | None:
-    return None
+    return [r for r in results if not isinstance(r, BaseException)]
 
 
 async def _store_raw(raw: bytes, store: ObjectStore) -> StoredRef | None:
@@ -110,7 +116,7 @@ async def _store_attachment(attachment: ParsedAttachment, store: ObjectStore) ->
 
 
 async def commit_mail(
-    conn: AsyncConnection,
+    pg: psycopg.AsyncConnection[Any],
     claim: Claim,
     prepared: PreparedMail,
     *,
@@ -119,7 +125,7 @@ async def commit_mail(
 ) -> Committed:
     """One transaction: fence on the lease, then the mail, its files and queued jobs.
 
-    ``conn`` is the batch's own autocommit connection; the write is a single
+    ``pg`` is the batch's own autocommit connection; the write is a single
     statement (``mail_sql``), so it is one transaction and one round trip.
     """
     uid = prepared.fetched.uid
@@ -151,7 +157,7 @@ async def commit_mail(
             )
         )
     stored = await store_mail(
-        conn,
+        pg,
         cursor_id=claim.cursor_id,
         lease_id=claim.lease_id,
         uidvalidity=uidvalidity,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import email
 import re
-import unicodedata
 from dataclasses import dataclass, field
 from email import policy
 from email.header import Header, decode_header
@@ -124,25 +123,25 @@ def clean_text(value: str, limit: int = MAX_HEADER_CHARS) -> str:
     Raw 8-bit header bytes arrive as surrogate escapes; they are read as UTF-8
     when they are, else as Latin-1, so nothing unencodable reaches Postgres.
     """
-    if any("\udc80" <= ch <= "\udcff" for ch in value):
-        data = value.encode("utf-8", "surrogateescape")
-        try:
-            value = data.decode("utf-8")
-        except UnicodeDecodeError:
-            value = data.decode("latin-1")
-    value = value.encode("utf-8", "replace").decode("utf-8")
-    value = "".join(" " if _is_control(ch) else ch for ch in value)
-    return value.strip()[:limit]
+    if not value.isascii():
+        if _ESCAPED_BYTE.search(value):
+            data = value.encode("utf-8", "surrogateescape")
+            try:
+                value = data.decode("utf-8")
+            except UnicodeDecodeError:
+                value = data.decode("latin-1")
+        value = value.encode("utf-8", "replace").decode("utf-8")
+    return _CONTROL.sub(" ", value).strip()[:limit]
 
 
-#: Line separators and bidi overrides (``invoice\u202efdp.exe``) that disguise names.
-_INVISIBLE = frozenset(
-    "\u2028\u2029\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
+#: A raw 8-bit byte carried in a str (``surrogateescape``).
+_ESCAPED_BYTE = re.compile("[\udc80-\udcff]")
+
+#: Control characters (Unicode Cc and Cs), line separators and the bidi overrides
+#: (``invoice\u202efdp.exe``) that disguise names.
+_CONTROL = re.compile(
+    "[\x00-\x1f\x7f-\x9f\ud800-\udfff\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]"
 )
-
-
-def _is_control(ch: str) -> bool:
-    return unicodedata.category(ch) in ("Cc", "Cs") or ch in _INVISIBLE
 
 
 def _header(message: Message, name: str, *, join: bool = False) -> str | None:
@@ -160,8 +159,11 @@ def _header(message: Message, name: str, *, join: bool = False) -> str | None:
 
 def decode_words(value: str | Header) -> str:
     """Header text with RFC 2047 encoded words decoded; unknown charsets never raise."""
-    if isinstance(value, str) and any("\udc80" <= ch <= "\udcff" for ch in value):
-        return value  # raw 8-bit text, not encoded words: clean_text reads it
+    if isinstance(value, str):
+        if "=?" not in value:
+            return value  # no encoded words (``decode_header`` would return it as is)
+        if not value.isascii() and _ESCAPED_BYTE.search(value):
+            return value  # raw 8-bit text, not encoded words: clean_text reads it
     out = []
     for chunk, charset in decode_header(value):
         out.append(chunk if isinstance(chunk, str) else _bytes_text(chunk, charset))
@@ -228,10 +230,10 @@ def classify(name: str, media_type: str) -> tuple[str, str | None]:
 
 def _attachments(message: Message, limits: Limits) -> list[ParsedAttachment]:
     found: list[ParsedAttachment] = []
-    for part in _leaf_parts(message):
+    for part, content_type, filename in _leaf_parts(message):
         index = len(found) + 1
-        media_type = clean_text(part.get_content_type(), limit=255).lower()
-        name = safe_name(_filename(part), index=index, media_type=media_type)
+        media_type = clean_text(content_type, limit=255).lower()
+        name = safe_name(filename, index=index, media_type=media_type)
         file_type, pipeline = classify(name, media_type)
         data = _payload(part)
         attachment = ParsedAttachment(name, media_type, data, file_type, pipeline, size=len(data))
@@ -254,27 +256,34 @@ def _attachments(message: Message, limits: Limits) -> list[ParsedAttachment]:
     return found
 
 
-def _leaf_parts(part: Message) -> list[Message]:
+#: A leaf part with its content type and file name, each read once (they are not cheap).
+_Leaf = tuple[Message, str, str | None]
+
+
+def _leaf_parts(part: Message) -> list[_Leaf]:
     """Attachment candidates depth first: leaves of nested multiparts, attached mails whole."""
-    if part.get_content_maintype() == "multipart":
-        leaves: list[Message] = []
+    content_type = part.get_content_type()
+    maintype = content_type.partition("/")[0]
+    if maintype == "multipart":
+        leaves: list[_Leaf] = []
         for child in part.get_payload() or []:
             if isinstance(child, Message):
                 leaves.extend(_leaf_parts(child))
         return leaves
-    return [part] if _is_attachment(part) else []
+    filename = _filename(part)
+    return [(part, content_type, filename)] if _is_attachment(part, maintype, filename) else []
 
 
-def _is_attachment(part: Message) -> bool:
+def _is_attachment(part: Message, maintype: str, filename: str | None) -> bool:
     disposition = (part.get_content_disposition() or "").lower()
     if disposition == "attachment":
         return True
-    if _filename(part):
+    if filename:
         return True  # inline parts with a name (images, PDFs in the body) are attachments too
     if disposition == "inline":
         return False
     # Undisposed bodies: text is the message itself, anything else is content worth keeping.
-    return part.get_content_maintype() not in ("text", "multipart")
+    return maintype not in ("text", "multipart")
 
 
 def _filename(part: Message) -> str | None:

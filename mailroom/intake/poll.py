@@ -11,6 +11,7 @@ import logging
 from dataclasses import dataclass
 from typing import Literal
 
+import psycopg
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -184,8 +185,9 @@ async def _batch_failed(
 
 def _log_failure(mailbox: str, what: str, exc: BaseException) -> None:
     # Expected kinds of trouble (the cursor records them); database errors are logged
-    # without traceback because SQLAlchemy's text echoes parameters, i.e. mail headers.
-    if isinstance(exc, AppError | SQLAlchemyError):
+    # without traceback because SQLAlchemy's text echoes parameters, i.e. mail headers
+    # (the per-mail statement runs on psycopg directly, so its errors come unwrapped).
+    if isinstance(exc, AppError | SQLAlchemyError | psycopg.Error):
         logger.warning("Mailbox %s: %s: %r", mailbox, what, cursors.describe_error(exc)[:300])
     else:  # a bug or an unexpected library error: keep the traceback (and reach Sentry)
         logger.error("Mailbox %s: %s", mailbox, what, exc_info=exc)

@@ -1,0 +1,54 @@
+"""How intake's objects land in the filesystem store: created once, partial files repaired."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from mailroom.adapters.storage import FilesystemStore, content_key
+from mailroom.settings import StorageSettings
+
+
+def _store(tmp_path) -> FilesystemStore:
+    return FilesystemStore(StorageSettings(kind="filesystem"), tmp_path)
+
+
+async def test_a_new_object_is_created_private_under_its_final_name_without_temp_files(tmp_path):
+    store = _store(tmp_path)
+    data = b"invoice_number,total\nA-1,10.50\n"
+    key = content_key(data, prefix="attachments", suffix=".csv")
+
+    ref = await store.put("incoming", key, data, media_type="text/csv")
+
+    path = tmp_path / ref.bucket / key
+    assert path.read_bytes() == data
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert os.listdir(path.parent) == [path.name]  # no temp file left beside it
+
+
+async def test_a_half_written_object_from_an_interrupted_put_is_repaired(tmp_path):
+    store = _store(tmp_path)
+    data = b"From: a@example.com\r\n\r\nbody\r\n"
+    key = content_key(data, prefix="mail", suffix=".eml")
+    path = tmp_path / store.bucket("mail") / key
+    path.parent.mkdir(parents=True)
+    path.write_bytes(data[:7])  # a crash mid-write left the first bytes only
+
+    await store.put("mail", key, data, media_type="message/rfc822")
+
+    assert path.read_bytes() == data
+    assert os.listdir(path.parent) == [path.name]
+
+
+async def test_an_existing_complete_object_is_left_untouched(tmp_path):
+    store = _store(tmp_path)
+    data = b"same bytes"
+    key = content_key(data, prefix="mail")
+    await store.put("mail", key, data, media_type="message/rfc822")
+    path = tmp_path / store.bucket("mail") / key
+    inode = path.stat().st_ino
+
+    await store.put("mail", key, data, media_type="message/rfc822")
+
+    assert path.stat().st_ino == inode
+    assert path.read_bytes() == data
