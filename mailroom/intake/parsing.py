@@ -33,6 +33,9 @@ RECOGNIZABLE: dict[str, tuple[str, str]] = {
     "tsv": ("tsv", "tabular"),
     "xlsx": ("xlsx", "tabular"),
     "xls": ("xls", "tabular"),
+    # Plain-text documents ("Key: Value" lines) go to the tabular pipeline too; the reference
+    # recognizer reads them. DESIGN.md lists no text type: we found users send them as notes.
+    "txt": ("txt", "tabular"),
     "pdf": ("pdf", "image"),
     "png": ("png", "image"),
     "jpeg": ("jpeg", "image"),
