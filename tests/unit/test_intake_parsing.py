@@ -103,6 +103,7 @@ def test_long_names_are_bounded_and_keep_their_extension():
         ("a.jpeg", "", ("jpeg", "image")),
         ("a.tif", "", ("tiff", "image")),
         ("a.tiff", "", ("tiff", "image")),
+        ("note.txt", "text/plain", ("txt", "tabular")),
         ("noext", "image/jpeg", ("jpeg", "image")),
         ("a.docx", "text/csv", ("docx", None)),
         ("noext", "application/zip", ("unknown", None)),
