@@ -1,9 +1,10 @@
-"""Stream bridge: the delivery Redis Stream's consumer group → ``deliver_channel_message``.
+"""Stream bridge: the delivery Redis Stream's consumer group → ``deliver_channel_messages``.
 
 Each pass: claim entries idle longer than ``claim_idle_ms`` from dead bridges
 (XAUTOCLAIM, every ``claim_interval_ms``), then re-read this consumer's own
-pending entries, then block for new ones. An entry is acknowledged (and
-deleted) only after its actor message was sent, so a bridge killed in between
+pending entries, then block for new ones. The ids of a read go out as one
+actor message (a batch). An entry is acknowledged (and deleted) only after its
+actor message was sent, so a bridge killed in between
 leaves it pending and another bridge claims it; the delivery actor's delivered
 fast path makes the duplicate harmless. Malformed entries are acknowledged and
 counted. Redis going away is survived by reconnecting with backoff.
@@ -12,6 +13,7 @@ counted. Redis going away is survived by reconnecting with backoff.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -23,9 +25,9 @@ from typing import Any
 import redis.asyncio as aioredis
 import redis.exceptions
 
-from mailroom.adapters.redis import CONNECTION_ERRORS
+from mailroom.adapters.redis import CONNECTION_ERRORS, READ_NEW_PACKED, unpack_entries
 from mailroom.delivery import metrics
-from mailroom.delivery.contracts import decode_entry
+from mailroom.delivery.contracts import PAYLOAD_FIELD, decode_payload
 from mailroom.settings import DeliverySettings, Settings
 
 logger = logging.getLogger(__name__)
@@ -33,7 +35,8 @@ logger = logging.getLogger(__name__)
 #: First wait before reconnecting or re-sending after a failure, in seconds.
 INITIAL_BACKOFF_S = 0.1
 
-Entry = tuple[Any, dict[Any, Any]]
+#: A stream entry as the bridge handles it: (entry id, payload field or None).
+Entry = tuple[Any, bytes | str | None]
 
 
 def consumer_name() -> str:
@@ -43,8 +46,8 @@ def consumer_name() -> str:
 class StreamBridge:
     """The consumer loop, testable in-process: ``await run()`` until ``stop`` is set.
 
-    ``send(message_id)`` enqueues the actor message; it may block (Dramatiq's
-    ``actor.send``), so a batch is sent on a worker thread.
+    ``send(message_ids)`` enqueues one actor message for the ids of a batch; it may
+    block (Dramatiq's ``actor.send``), so it runs on a worker thread.
     """
 
     def __init__(
@@ -52,7 +55,7 @@ class StreamBridge:
         client: aioredis.Redis,
         *,
         settings: DeliverySettings,
-        send: Callable[[int], object],
+        send: Callable[[list[int]], object],
         consumer: str | None = None,
         stop: asyncio.Event | None = None,
     ) -> None:
@@ -65,7 +68,10 @@ class StreamBridge:
         self.malformed = 0
         self.outages = 0
         self._own_pending = True
+        #: Forwarded entries whose acknowledgement rides on the next read of a backlog.
+        self._unacked: list[Any] = []
         self._backoff_s = INITIAL_BACKOFF_S
+        self._read_new_packed = client.register_script(READ_NEW_PACKED)
 
     async def run(self) -> None:
         """Consume until ``stop`` is set; Redis outages are waited out with backoff."""
@@ -105,24 +111,59 @@ class StreamBridge:
 
     async def _consume(self) -> None:
         self._own_pending = True  # after (re)connecting, our unacknowledged entries come first
+        self._unacked = []  # left over from a failure: still pending, so read again
         next_claim = 0.0
-        while not self.stop.is_set():
-            if time.monotonic() >= next_claim:
-                await self._claim_from_dead_consumers()
-                next_claim = time.monotonic() + self.settings.claim_interval_ms / 1000
-                continue
-            if self._own_pending:
-                entries = await self._read("0", block_ms=None)
-                self._backoff_s = INITIAL_BACKOFF_S
-                if not entries:
-                    self._own_pending = False
+        # The next batch of a backlog, read while the current one is forwarded.
+        ahead: asyncio.Future[Sequence[Entry]] | None = None
+        try:
+            while not self.stop.is_set():
+                if time.monotonic() >= next_claim:
+                    await self._flush_acks()
+                    await self._claim_from_dead_consumers()
+                    next_claim = time.monotonic() + self.settings.claim_interval_ms / 1000
                     continue
-            else:
-                entries = await self._read(">", block_ms=self.settings.read_block_ms)
-                self._backoff_s = INITIAL_BACKOFF_S
-            if entries and not await self.handle(entries):
-                self._own_pending = True
-                await self._wait_after_failure("sending to the broker failed; entries stay pending")
+                backlog = False
+                if self._own_pending:
+                    if ahead is not None:
+                        # Read ahead into our pending list, so the re-read below has them.
+                        await ahead
+                        ahead = None
+                    await self._flush_acks()
+                    entries = await self._read("0", block_ms=None)
+                    self._backoff_s = INITIAL_BACKOFF_S
+                    if not entries:
+                        self._own_pending = False
+                        continue
+                else:
+                    if ahead is not None:
+                        entries, ahead = await ahead, None
+                    else:
+                        entries = await self._read(">", block_ms=self.settings.read_block_ms)
+                    self._backoff_s = INITIAL_BACKOFF_S
+                    backlog = len(entries) >= self.settings.read_count
+                    if backlog:
+                        # One round trip acknowledges the batch forwarded last and reads the
+                        # next one, while this one is forwarded.
+                        ahead = asyncio.ensure_future(self._read_packed(ack=self._take_unacked()))
+                    else:
+                        await self._flush_acks()
+                if entries and not await self.handle(entries, defer_ack=backlog):
+                    self._own_pending = True
+                    await self._wait_after_failure(
+                        "sending to the broker failed; entries stay pending"
+                    )
+            if ahead is not None:
+                # Stopping: the batch read ahead is ours already; finish it as well.
+                entries, ahead = await ahead, None
+                if entries:
+                    await self.handle(entries)
+            await self._flush_acks()
+        finally:
+            if ahead is not None:
+                # Failing: whatever it read stays pending and is read again after reconnecting.
+                ahead.cancel()
+                with contextlib.suppress(BaseException):
+                    await ahead
 
     async def _claim_from_dead_consumers(self) -> None:
         start: Any = "0-0"
@@ -135,7 +176,7 @@ class StreamBridge:
                 start_id=start,
                 count=self.settings.read_count,
             )
-            start, claimed = reply[0], reply[1]
+            start, claimed = reply[0], _payloads(reply[1])
             if claimed:
                 logger.warning(
                     "Claimed %d stream entries idle for over %d ms",
@@ -148,7 +189,12 @@ class StreamBridge:
             if start in (b"0-0", "0-0"):
                 return
 
-    async def _read(self, start: str, *, block_ms: int | None) -> list[Entry]:
+    async def _read(self, start: str, *, block_ms: int | None) -> Sequence[Entry]:
+        if start == ">":
+            # A backlog is read packed (cheap to parse); only an empty one waits blocking.
+            entries = await self._read_packed()
+            if entries or self._own_pending:
+                return entries
         reply: Any = await self.client.xreadgroup(
             self.settings.consumer_group,
             self.consumer,
@@ -158,14 +204,34 @@ class StreamBridge:
         )
         if not reply:
             return []
-        return [entry for _, entries in reply for entry in entries]
+        return [entry for _, entries in reply for entry in _payloads(entries)]
 
-    async def handle(self, entries: Sequence[Entry]) -> bool:
-        """Forward a batch; True when every entry was acknowledged."""
+    async def _read_packed(self, *, ack: Sequence[Any] = ()) -> Sequence[Entry]:
+        """New entries without blocking, in one packed reply (``READ_NEW_PACKED``).
+
+        ``ack``: forwarded entries to acknowledge (and delete) in the same round trip.
+        """
+        packed = await self._read_new_packed(
+            keys=[self.settings.stream_key],
+            args=[self.settings.consumer_group, self.consumer, self.settings.read_count, *ack],
+        )
+        entries = unpack_entries(packed)
+        if entries is None:
+            # Now in our pending list: read them again plainly.
+            self._own_pending = True
+            return []
+        return entries
+
+    async def handle(self, entries: Sequence[Entry], *, defer_ack: bool = False) -> bool:
+        """Forward a batch; True when every entry was forwarded (malformed ones dropped).
+
+        Forwarded entries are acknowledged now, or with ``defer_ack`` by the next read
+        (or ``_flush_acks``): either way only after their actor message was sent.
+        """
         done: list[Any] = []
         to_send: list[tuple[Any, int]] = []
-        for entry_id, fields in entries:
-            message_id = decode_entry(fields) if fields else None
+        for entry_id, payload in entries:
+            message_id = decode_payload(payload)
             if message_id is None:
                 done.append(entry_id)
                 self.malformed += 1
@@ -173,33 +239,39 @@ class StreamBridge:
                 logger.warning("Malformed delivery stream entry %r acknowledged", entry_id)
             else:
                 to_send.append((entry_id, message_id))
-        sent, error = (
-            await asyncio.to_thread(self._send_all, [mid for _, mid in to_send])
-            if to_send
-            else (0, None)
-        )
-        done.extend(entry_id for entry_id, _ in to_send[:sent])
-        await self._ack(done)
-        self.forwarded += sent
-        if sent:
-            metrics.STREAM_ENTRIES.labels("forwarded").inc(sent)
+        ids = [message_id for _, message_id in to_send]
+        error: BaseException | None = None
+        if ids:
+            try:
+                await asyncio.to_thread(self.send, ids)
+            except Exception as exc:
+                error = exc
+            else:
+                done.extend(entry_id for entry_id, _ in to_send)
+        if defer_ack:
+            self._unacked.extend(done)
+        else:
+            await self._ack(done)
         if error is not None:
             logger.warning(
-                "Sending delivery message %s failed: %s: %s",
-                to_send[sent][1],
+                "Sending delivery messages %s failed: %s: %s",
+                ids[:20],
                 type(error).__name__,
                 str(error)[:200],
             )
             return False
+        self.forwarded += len(ids)
+        if ids:
+            metrics.STREAM_ENTRIES.labels("forwarded").inc(len(ids))
         return True
 
-    def _send_all(self, message_ids: list[int]) -> tuple[int, BaseException | None]:
-        for index, message_id in enumerate(message_ids):
-            try:
-                self.send(message_id)
-            except Exception as exc:
-                return index, exc
-        return len(message_ids), None
+    def _take_unacked(self) -> list[Any]:
+        taken, self._unacked = self._unacked, []
+        return taken
+
+    async def _flush_acks(self) -> None:
+        if self._unacked:
+            await self._ack(self._take_unacked())
 
     async def _ack(self, entry_ids: list[Any]) -> None:
         if not entry_ids:
@@ -220,6 +292,17 @@ class StreamBridge:
             pass
 
 
+def _payloads(entries: Sequence[tuple[Any, Any]]) -> list[Entry]:
+    """(entry id, payload) of plainly read entries (fields are None for deleted ones)."""
+    found: list[Entry] = []
+    for entry_id, fields in entries:
+        payload = None
+        if fields:
+            payload = fields.get(PAYLOAD_FIELD.encode(), fields.get(PAYLOAD_FIELD))
+        found.append((entry_id, payload))
+    return found
+
+
 def create_client(url: str, settings: DeliverySettings) -> aioredis.Redis:
     """A client whose reads outlast the blocking XREADGROUP."""
     return aioredis.Redis.from_url(
@@ -229,7 +312,7 @@ def create_client(url: str, settings: DeliverySettings) -> aioredis.Redis:
     )
 
 
-async def serve(settings: Settings, send: Callable[[int], object]) -> int:
+async def serve(settings: Settings, send: Callable[[list[int]], object]) -> int:
     """Run the bridge until SIGTERM or SIGINT: stop reading, finish the batch, exit 0."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -249,11 +332,11 @@ def run(settings: Settings) -> int:
     """Entry point of ``mailroom bridge stream``."""
     import dramatiq
 
-    from actors.delivery import deliver_channel_message  # builds the broker from the environment
+    from actors.delivery import deliver_channel_messages  # builds the broker from the environment
     from mailroom.observability import start_metrics_server
 
     start_metrics_server(settings)
     try:
-        return asyncio.run(serve(settings, deliver_channel_message.send))
+        return asyncio.run(serve(settings, deliver_channel_messages.send))
     finally:
         dramatiq.get_broker().close()

@@ -218,7 +218,7 @@ class DeliverySettings(BaseModel):
     stream_maxlen: int = 100_000
     lock_ttl_ms: int = 30_000
     #: Messages of one batch (``deliver_channel_messages``) sent at the same time.
-    batch_concurrency: int = 20
+    batch_concurrency: int = 50
     max_attempts: int = 8
     backoff_base_s: float = 2.0
     backoff_cap_s: float = 600.0

@@ -36,14 +36,6 @@ end
 return {'held', owner or ''}
 """
 
-# KEYS: lock key. ARGV: token, ttl_ms. Returns 1 when extended, 0 when the lock is not ours.
-_EXTEND = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-return 0
-"""
-
 # Settle: optionally set the delivered key, then drop the lock if it is still ours.
 # KEYS: lock key, delivered key. ARGV: token, delivered value ('' for none), delivered ttl_s.
 _SETTLE = """
@@ -54,6 +46,92 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
 end
 return 0
+"""
+
+# The batch forms of acquire and settle, and lock renewal: one round trip for many messages.
+# KEYS: delivered key and lock key of each message, in pairs. ARGV: token, ttl_ms.
+# Returns one JSON string (one cheap parse) of one reply of _ACQUIRE per message, in order.
+_ACQUIRE_MANY = """
+local replies = {}
+for i = 1, #KEYS, 2 do
+  if redis.call('EXISTS', KEYS[i]) == 1 then
+    replies[#replies + 1] = {'delivered'}
+  elseif redis.call('SET', KEYS[i + 1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+    replies[#replies + 1] = {'acquired'}
+  else
+    local owner = redis.call('GET', KEYS[i + 1])
+    if owner == ARGV[1] then
+      redis.call('PEXPIRE', KEYS[i + 1], ARGV[2])
+      replies[#replies + 1] = {'retaken'}
+    else
+      replies[#replies + 1] = {'held', owner or ''}
+    end
+  end
+end
+return cjson.encode(replies)
+"""
+
+# KEYS: lock keys. ARGV: token, ttl_ms. Returns 1 (extended) or 0 (not ours) per key.
+_EXTEND_MANY = """
+local replies = {}
+for i = 1, #KEYS do
+  if redis.call('GET', KEYS[i]) == ARGV[1] then
+    replies[i] = redis.call('PEXPIRE', KEYS[i], ARGV[2])
+  else
+    replies[i] = 0
+  end
+end
+return replies
+"""
+
+# KEYS: lock key and delivered key of each message, in pairs. ARGV: token, delivered ttl_s,
+# then the delivered value of each message ('' for none).
+_SETTLE_MANY = """
+for i = 1, #KEYS, 2 do
+  local value = ARGV[2 + (i + 1) / 2]
+  if value ~= '' then
+    redis.call('SET', KEYS[i + 1], value, 'EX', ARGV[2])
+  end
+  if redis.call('GET', KEYS[i]) == ARGV[1] then
+    redis.call('DEL', KEYS[i])
+  end
+end
+return #KEYS / 2
+"""
+
+# XREADGROUP of new entries, returned packed as one JSON string of [[entry id, payload], ...]
+# (payload false when the entry has none). A nested RESP reply costs redis.asyncio's pure-Python
+# parser about eight reads per entry; one string is one read and a C json.loads. Entries
+# forwarded earlier can be acknowledged (XACK + XDEL) in the same round trip.
+# KEYS: stream. ARGV: group, consumer, count, then the entry ids to acknowledge first.
+READ_NEW_PACKED = """
+if #ARGV > 3 then
+  local done = {unpack(ARGV, 4)}
+  redis.call('XACK', KEYS[1], ARGV[1], unpack(done))
+  redis.call('XDEL', KEYS[1], unpack(done))
+end
+local reply = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', ARGV[3],
+                         'STREAMS', KEYS[1], '>')
+if not reply then
+  return '[]'
+end
+local out = {}
+for _, entry in ipairs(reply[1][2]) do
+  local payload = false
+  local fields = entry[2]
+  if fields then
+    for j = 1, #fields, 2 do
+      if fields[j] == 'payload' then
+        payload = fields[j + 1]
+      end
+    end
+  end
+  out[#out + 1] = {entry[1], payload}
+end
+if #out == 0 then
+  return '[]'
+end
+return cjson.encode(out)
 """
 
 # Token bucket: KEYS: bucket hash. ARGV: rate per second, burst, cost.
@@ -132,8 +210,10 @@ class DeliveryRedis:
         self.client = client
         self.keys = DeliveryKeys(stream_key)
         self._acquire = client.register_script(_ACQUIRE)
-        self._extend = client.register_script(_EXTEND)
         self._settle = client.register_script(_SETTLE)
+        self._acquire_many = client.register_script(_ACQUIRE_MANY)
+        self._extend_many = client.register_script(_EXTEND_MANY)
+        self._settle_many = client.register_script(_SETTLE_MANY)
         self._bucket = client.register_script(_TOKEN_BUCKET)
 
     async def add_to_stream(self, message_ids: Iterable[int], *, maxlen: int) -> None:
@@ -166,10 +246,6 @@ class DeliveryRedis:
         holder = _text(reply[1]) if len(reply) > 1 else ""
         return AcquireResult(state, holder)
 
-    async def extend_lock(self, message_id: int, *, token: str, ttl_ms: int) -> bool:
-        async with translate_errors():
-            return bool(await self._extend(keys=[self.keys.lock(message_id)], args=[token, ttl_ms]))
-
     async def settle(
         self, message_id: int, *, token: str, delivered: str = "", delivered_ttl_s: int = 0
     ) -> None:
@@ -178,6 +254,48 @@ class DeliveryRedis:
             await self._settle(
                 keys=[self.keys.lock(message_id), self.keys.delivered(message_id)],
                 args=[token, delivered, max(1, delivered_ttl_s)],
+            )
+
+    async def acquire_locks(
+        self, message_ids: Sequence[int], *, token: str, ttl_ms: int
+    ) -> dict[int, AcquireResult]:
+        """``acquire_lock`` for many messages in one atomic round trip."""
+        if not message_ids:
+            return {}
+        keys: list[str] = []
+        for message_id in message_ids:
+            keys += (self.keys.delivered(message_id), self.keys.lock(message_id))
+        async with translate_errors():
+            replies = json.loads(await self._acquire_many(keys=keys, args=[token, ttl_ms]))
+        return {
+            message_id: AcquireResult(*reply)
+            for message_id, reply in zip(message_ids, replies, strict=True)
+        }
+
+    async def extend_locks(
+        self, message_ids: Sequence[int], *, token: str, ttl_ms: int
+    ) -> set[int]:
+        """Extend those of our locks that are still ours; returns their ids."""
+        if not message_ids:
+            return set()
+        async with translate_errors():
+            replies = await self._extend_many(
+                keys=[self.keys.lock(mid) for mid in message_ids], args=[token, ttl_ms]
+            )
+        return {mid for mid, ok in zip(message_ids, replies, strict=True) if ok}
+
+    async def settle_many(
+        self, delivered: Sequence[tuple[int, str]], *, token: str, delivered_ttl_s: int
+    ) -> None:
+        """``settle`` for many messages: (id, delivered value or '') pairs, one round trip."""
+        if not delivered:
+            return
+        keys: list[str] = []
+        for message_id, _ in delivered:
+            keys += (self.keys.lock(message_id), self.keys.delivered(message_id))
+        async with translate_errors():
+            await self._settle_many(
+                keys=keys, args=[token, max(1, delivered_ttl_s), *(v for _, v in delivered)]
             )
 
     async def live_locks(self, message_ids: Sequence[int]) -> set[int]:
@@ -207,6 +325,22 @@ class DeliveryRedis:
                 keys=[self.keys.bucket(channel, account)], args=[per_second, burst, cost]
             )
         return int(wait)
+
+
+def unpack_entries(raw: bytes | str) -> list[tuple[str, str | None]] | None:
+    """The (entry id, payload) pairs of a ``READ_NEW_PACKED`` reply; None when undecodable.
+
+    Undecodable (a payload that is not UTF-8) means the entries are in the
+    consumer's pending list already: read them again with a plain XREADGROUP.
+    """
+    try:
+        pairs = json.loads(raw)
+    except ValueError:
+        return None
+    return [
+        (str(entry_id), payload if isinstance(payload, str) else None)
+        for entry_id, payload in pairs
+    ]
 
 
 def _text(value: object) -> str:

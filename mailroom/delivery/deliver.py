@@ -1,8 +1,8 @@
-"""``deliver_channel_message``: one message through its channel (DESIGN.md §6, steps 1-5).
+"""Delivering channel messages, one or a batch at a time (DESIGN.md §6, steps 1-5).
 
 1. Settled already (Redis delivered-key, or a final status in Postgres) → done.
 2. Processing lock ``SET NX PX`` (owner ``{host-pid, started_at}``), renewed every
-   TTL/3 while sending; a failed renewal abandons the send.
+   TTL/3 until settled; a failed renewal abandons the send.
 3. ``attempts + 1`` committed before sending; past the maximum → failure.
 4. Send the unsent chunks through the channel's middleware chain, recording each.
 5. Settle: delivered, failed / partial_failed, or pending again with ``next_retry_at``
@@ -10,45 +10,46 @@
 
 Every write after the claim is fenced on ``attempts``: an attempt whose lock
 lapsed and was taken over changes nothing.
+
+A batch runs each message through exactly these steps, up to ``batch_concurrency``
+at a time, sharing the round trips: locks, claims and successful settlements that
+are ready at the same moment go out as one call or statement, and the locks are
+renewed together (``mailroom.delivery.batch``). A message's
+failure is its own: it ends in that message's outcome (or its retry), never in
+its neighbours'.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
 from functools import cached_property
 from typing import Any
 
-from sqlalchemy import select
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from mailroom.adapters.redis import DeliveryRedis, describe_holder
 from mailroom.db import transaction
 from mailroom.delivery import metrics
+from mailroom.delivery.batch import Batch, Claim
 from mailroom.delivery.chunks import FAILED, SENT, ChunkPlan
-from mailroom.delivery.locks import LockOwner, process_owner, run_under_lease
+from mailroom.delivery.locks import BatchLease, LockOwner, process_owner
 from mailroom.delivery.ports import Envelope, Outbound, Send
 from mailroom.delivery.producer import utcnow
-from mailroom.delivery.statements import (
-    CLAIM,
-    UNCERTAIN_ERROR,
-    fenced_update,
-    stale_recovered_event,
-)
+from mailroom.delivery.statements import UNCERTAIN_ERROR, fenced_update, stale_recovered_event
 from mailroom.errors import LeaseLost, PermanentError, RateLimited, RetryableError
-from mailroom.models import FINAL_MESSAGE_STATUSES, ChannelMessage
+from mailroom.models import FINAL_MESSAGE_STATUSES
 from mailroom.settings import DeliverySettings
 
 logger = logging.getLogger(__name__)
 
-#: A retry may arrive this early before ``next_retry_at`` and still count as due, in seconds.
-DUE_SLACK_S = 1.0
 #: Longest error text stored in ``last_error``.
 MAX_ERROR_CHARS = 500
 
@@ -72,22 +73,28 @@ class Outcome(StrEnum):
     PARTIAL_FAILED = "partial_failed"
     UNCERTAIN = "uncertain"
     LEASE_LOST = "lease_lost"
+    DEFERRED = "deferred"  # runs again later: see ``BatchResult.retries``
 
 
 @dataclass
-class _Claim:
-    id: int
-    channel: str
-    account: str
-    recipient: str
-    subject: str | None
-    body: str
-    attempts: int
-    chunks: dict[str, Any]
-    last_error: str | None
-    previous_status: str
-    #: The attempt's autocommit connection.
-    connection: AsyncConnection = field(repr=False)
+class BatchResult:
+    """What a batch did, by message id."""
+
+    outcomes: dict[int, Outcome] = field(default_factory=dict)
+    #: Messages to run again later (outcome ``DEFERRED``): ``DeliveryDeferred`` with its
+    #: wait, or the error that stopped the attempt (infrastructure, a bug).
+    retries: dict[int, Exception] = field(default_factory=dict)
+
+
+def _unclaimed(message_id: int, status: str | None) -> Outcome:
+    """Why a message was not claimed, from its status (None: no such message)."""
+    if status is None:
+        logger.warning("Channel message %s does not exist; nothing to deliver", message_id)
+        return Outcome.MISSING
+    if status in FINAL_MESSAGE_STATUSES:
+        return Outcome.SETTLED
+    logger.debug("Message %s is not due yet; its own retry will deliver it", message_id)
+    return Outcome.NOT_DUE
 
 
 @dataclass
@@ -103,18 +110,76 @@ class Deliverer:
     rng: random.Random = field(default_factory=random.Random)
 
     async def deliver(self, message_id: int) -> Outcome:
-        """Deliver ``message_id``; raises ``DeliveryDeferred`` when it should run again later."""
-        if not self.owner.enter(message_id):
-            logger.debug("Message %s is being delivered by this process already", message_id)
-            return Outcome.HELD
-        try:
-            return await self._deliver(message_id)
-        finally:
-            self.owner.leave(message_id)
+        """Deliver ``message_id``; raises ``DeliveryDeferred`` when it should run again later.
 
-    async def _deliver(self, message_id: int) -> Outcome:
+        Any other error that stopped the attempt (Redis or Postgres down) is raised as well.
+        """
+        result = await self.deliver_many([message_id])
+        error = result.retries.get(message_id)
+        if error is not None:
+            raise error
+        return result.outcomes[message_id]
+
+    async def deliver_many(self, message_ids: Sequence[int]) -> BatchResult:
+        """Deliver each of ``message_ids`` (duplicates once); one outcome or retry per id.
+
+        Raises only when nothing could start (no database connection): then no
+        message was locked or claimed and the whole batch may simply run again.
+        """
+        result = BatchResult()
+        mine: list[int] = []
+        for message_id in dict.fromkeys(int(mid) for mid in message_ids):
+            if self.owner.enter(message_id):
+                mine.append(message_id)
+            else:
+                logger.debug("Message %s is being delivered by this process already", message_id)
+                result.outcomes[message_id] = Outcome.HELD
+        try:
+            if mine:
+                await self._deliver_many(mine, result)
+        finally:
+            for message_id in mine:
+                self.owner.leave(message_id)
+        return result
+
+    async def _deliver_many(self, message_ids: list[int], result: BatchResult) -> None:
         token, ttl_ms = self.owner.token, self.settings.lock_ttl_ms
-        lock = await self.redis.acquire_lock(message_id, token=token, ttl_ms=ttl_ms)
+
+        async def renew(ids: list[int]) -> set[int]:
+            return await self.redis.extend_locks(ids, token=token, ttl_ms=ttl_ms)
+
+        # One pooled connection per batch, in autocommit: no transaction stays open while
+        # sending, and single statements need no BEGIN/COMMIT round trips.
+        async with contextlib.AsyncExitStack() as stack:
+            connection = await stack.enter_async_context(self._autocommit.connect())
+            lease = await stack.enter_async_context(BatchLease(renew, interval_s=ttl_ms / 3000))
+            batch = Batch(
+                connection,
+                lease,
+                redis=self.redis,
+                token=token,
+                ttl_ms=ttl_ms,
+                delivered_ttl_s=self.settings.delivered_ttl_s,
+                clock=self.clock,
+            )
+            stack.push_async_callback(batch.aclose)
+            todo = iter(message_ids)
+
+            async def deliver_next() -> None:
+                # Lanes share the iterator, so each message is taken by one lane, and is
+                # locked and claimed only when its turn comes: a crash strands no others.
+                for message_id in todo:
+                    try:
+                        result.outcomes[message_id] = await self._deliver_one(batch, message_id)
+                    except Exception as exc:  # this message's own retry; its neighbours go on
+                        result.outcomes[message_id] = Outcome.DEFERRED
+                        result.retries[message_id] = exc
+
+            lanes = min(len(message_ids), max(1, self.settings.batch_concurrency))
+            await asyncio.gather(*(deliver_next() for _ in range(lanes)))
+
+    async def _deliver_one(self, batch: Batch, message_id: int) -> Outcome:
+        lock = await batch.lock(message_id)
         if lock.state == "delivered":
             return Outcome.SETTLED
         if not lock.ours:
@@ -122,26 +187,20 @@ class Deliverer:
                 "Message %s is locked by %s; leaving it", message_id, describe_holder(lock.holder)
             )
             return Outcome.HELD
-        # One pooled connection per attempt, in autocommit: no transaction stays open while
-        # sending, and the pool's pre-ping runs once per message rather than per statement.
-        async with contextlib.AsyncExitStack() as stack:
-            try:
-                connection = await stack.enter_async_context(self._autocommit.connect())
-                claim = await self._claim(connection, message_id)
-            except BaseException:
-                # Nothing was sent: let the next attempt in at once. A failing release must not
-                # replace the error that got us here.
-                try:
-                    await self._release(message_id)
-                except Exception:
-                    logger.warning("Releasing the lock of message %s failed", message_id)
-                raise
-            if isinstance(claim, Outcome):
-                await self._release(message_id, settled=claim == Outcome.SETTLED)
-                return claim
-            return await self._attempt(claim)
+        batch.lease.hold([message_id])
+        try:
+            claim = await batch.claim(message_id)
+        except BaseException:
+            # Nothing was sent: let the next attempt in at once. A failing release must not
+            # replace the error that got us here.
+            await self._release_quietly(batch.lease, message_id)
+            raise
+        if not isinstance(claim, Claim):
+            await self._release(batch.lease, message_id)
+            return _unclaimed(message_id, claim)
+        return await self._attempt(claim)
 
-    async def _attempt(self, claim: _Claim) -> Outcome:
+    async def _attempt(self, claim: Claim) -> Outcome:
         plan = ChunkPlan.load(claim.body, claim.chunks, default_size=self.settings.chunk_size)
         try:
             if claim.attempts > self.settings.max_attempts:
@@ -160,43 +219,10 @@ class Deliverer:
             logger.warning("Delivery of message %s abandoned: %s", claim.id, exc)
             return Outcome.LEASE_LOST
 
-    async def _claim(self, connection: AsyncConnection, message_id: int) -> _Claim | Outcome:
-        now = self.clock()
-        # One statement in autocommit: the attempt is committed before anything is sent.
-        row = (
-            await connection.execute(
-                CLAIM,
-                {"id": message_id, "now": now, "due": now + timedelta(seconds=DUE_SLACK_S)},
-            )
-        ).one_or_none()
-        if row is not None:
-            return _Claim(**row._asdict(), connection=connection)
-        status = (
-            await connection.execute(
-                select(ChannelMessage.status).where(ChannelMessage.id == message_id)
-            )
-        ).scalar_one_or_none()
-        if status is None:
-            logger.warning("Channel message %s does not exist; nothing to deliver", message_id)
-            return Outcome.MISSING
-        if status in FINAL_MESSAGE_STATUSES:
-            return Outcome.SETTLED
-        logger.debug("Message %s is not due yet; its own retry will deliver it", message_id)
-        return Outcome.NOT_DUE
-
-    async def _send(self, claim: _Claim, plan: ChunkPlan) -> Outcome:
-        interval_s = self.settings.lock_ttl_ms / 3000
-
-        async def renew() -> bool:
-            return await self.redis.extend_lock(
-                claim.id, token=self.owner.token, ttl_ms=self.settings.lock_ttl_ms
-            )
-
+    async def _send(self, claim: Claim, plan: ChunkPlan) -> Outcome:
         try:
             send = self.outbound.sender(claim.channel, claim.account)
-            await run_under_lease(
-                self._send_chunks(claim, plan, send), renew=renew, interval_s=interval_s
-            )
+            await claim.batch.lease.guard(claim.id, self._send_chunks(claim, plan, send))
         except LeaseLost:
             raise
         except RateLimited as exc:
@@ -210,7 +236,7 @@ class Deliverer:
             return await self._retry(claim, plan, exc)
         return await self._succeed(claim, plan)
 
-    async def _send_chunks(self, claim: _Claim, plan: ChunkPlan, send: Send) -> None:
+    async def _send_chunks(self, claim: Claim, plan: ChunkPlan, send: Send) -> None:
         pending = plan.unsent()
         for number in pending:
             envelope = Envelope(
@@ -236,17 +262,10 @@ class Deliverer:
                 # Recorded at once so a retry resumes after it; the last one lands with the status.
                 await self._update(claim, chunks=plan.record())
 
-    async def _succeed(self, claim: _Claim, plan: ChunkPlan) -> Outcome:
-        # The delivered key first: should Postgres fail now, no retry sends again.
-        await self._release(claim.id, settled=True, value="delivered")
-        await self._update(
-            claim,
-            status="delivered",
-            delivered_at=self.clock(),
-            chunks=plan.record(),
-            last_error=None,
-            next_retry_at=None,
-        )
+    async def _succeed(self, claim: Claim, plan: ChunkPlan) -> Outcome:
+        # Settled together with the batch's other successes ready now (delivered key first).
+        if not await claim.batch.succeed(claim, plan.record()):
+            raise LeaseLost(f"message {claim.id} was taken over by a later attempt")
         metrics.DELIVERED.labels(claim.channel).inc()
         logger.info(
             "Delivered message %s via %s/%s (%d chunk(s), attempt %d)",
@@ -258,7 +277,7 @@ class Deliverer:
         )
         return Outcome.DELIVERED
 
-    async def _fail(self, claim: _Claim, plan: ChunkPlan, error: str, *, reason: str) -> Outcome:
+    async def _fail(self, claim: Claim, plan: ChunkPlan, error: str, *, reason: str) -> Outcome:
         status = "partial_failed" if plan.sent_count else "failed"
         await self._update(
             claim,
@@ -267,7 +286,7 @@ class Deliverer:
             last_error=_truncate(error),
             next_retry_at=None,
         )
-        await self._release(claim.id, settled=True, value=status)
+        await self._release(claim.batch.lease, claim.id, value=status)
         metrics.FAILED.labels(claim.channel, reason).inc()
         logger.warning(
             "Message %s %s (%d of %d chunks sent, attempt %d): %s",
@@ -280,7 +299,7 @@ class Deliverer:
         )
         return Outcome.PARTIAL_FAILED if plan.sent_count else Outcome.FAILED
 
-    async def _uncertain(self, claim: _Claim, plan: ChunkPlan) -> Outcome:
+    async def _uncertain(self, claim: Claim, plan: ChunkPlan) -> Outcome:
         values = {"status": "uncertain", "last_error": UNCERTAIN_ERROR, "next_retry_at": None}
         async with transaction(self.sessions) as session:
             result = await session.execute(
@@ -290,7 +309,7 @@ class Deliverer:
             if result.one_or_none() is None:
                 raise LeaseLost(f"message {claim.id} was taken over")
             session.add(stale_recovered_event([claim.id], found_by="delivery"))
-        await self._release(claim.id, settled=True, value="uncertain")
+        await self._release(claim.batch.lease, claim.id, value="uncertain")
         metrics.STALE_RECOVERED.labels("uncertain").inc()
         logger.warning(
             "Message %s was left mid-send by an earlier attempt; marked uncertain (%d of %d chunks "
@@ -301,7 +320,7 @@ class Deliverer:
         )
         return Outcome.UNCERTAIN
 
-    async def _retry(self, claim: _Claim, plan: ChunkPlan, exc: BaseException) -> Outcome:
+    async def _retry(self, claim: Claim, plan: ChunkPlan, exc: BaseException) -> Outcome:
         if claim.attempts >= self.settings.max_attempts:
             error = f"gave up after {claim.attempts} attempts; last error: {_describe(exc)}"
             return await self._fail(claim, plan, error, reason="max_attempts")
@@ -310,7 +329,7 @@ class Deliverer:
         metrics.FAILED.labels(claim.channel, "retryable").inc()
         return await self._reschedule(claim, plan, exc, delay_s=delay_s, refund=False)
 
-    async def _defer(self, claim: _Claim, plan: ChunkPlan, exc: RateLimited) -> Outcome:
+    async def _defer(self, claim: Claim, plan: ChunkPlan, exc: RateLimited) -> Outcome:
         # Our own throttle refunds the attempt: nothing reached the provider.
         refund = not getattr(exc, "counts_as_attempt", True)
         if not refund and claim.attempts >= self.settings.max_attempts:
@@ -320,7 +339,7 @@ class Deliverer:
         return await self._reschedule(claim, plan, exc, delay_s=exc.retry_after_s, refund=refund)
 
     async def _reschedule(
-        self, claim: _Claim, plan: ChunkPlan, exc: BaseException, *, delay_s: float, refund: bool
+        self, claim: Claim, plan: ChunkPlan, exc: BaseException, *, delay_s: float, refund: bool
     ) -> Outcome:
         next_retry_at = self.clock() + timedelta(seconds=delay_s)
         values: dict[str, Any] = {
@@ -332,7 +351,7 @@ class Deliverer:
         if refund:
             values["attempts"] = claim.attempts - 1
         await self._update(claim, **values)
-        await self._release(claim.id)
+        await self._release(claim.batch.lease, claim.id)
         delay_ms = max(0, int(delay_s * 1000))
         logger.info(
             "Message %s retries in %d ms (attempt %d, %d of %d chunks sent): %s",
@@ -347,9 +366,9 @@ class Deliverer:
             f"message {claim.id} retries in {delay_ms} ms", retry_after_ms=delay_ms
         ) from exc
 
-    async def _update(self, claim: _Claim, **values: Any) -> None:
+    async def _update(self, claim: Claim, **values: Any) -> None:
         statement = fenced_update(frozenset(values))
-        result = await claim.connection.execute(
+        result = await claim.batch.execute(
             statement, {**values, "fence_id": claim.id, "fence_attempts": claim.attempts}
         )
         if result.one_or_none() is None:
@@ -362,13 +381,22 @@ class Deliverer:
         assert isinstance(engine, AsyncEngine)
         return engine.execution_options(isolation_level="AUTOCOMMIT")
 
-    async def _release(self, message_id: int, *, settled: bool = False, value: str = "") -> None:
+    async def _release(self, lease: BatchLease, message_id: int, *, value: str = "") -> None:
+        """Release our lock; with ``value``, set the delivered key first (never retried)."""
+        lease.release(message_id)
         await self.redis.settle(
             message_id,
             token=self.owner.token,
-            delivered=value if settled else "",
+            delivered=value,
             delivered_ttl_s=self.settings.delivered_ttl_s,
         )
+
+    async def _release_quietly(self, lease: BatchLease, message_id: int) -> None:
+        """Release our lock on the way out of an error, which a failing release must not replace."""
+        try:
+            await self._release(lease, message_id)
+        except Exception:
+            logger.warning("Releasing the lock of message %s failed", message_id)
 
 
 def _describe(exc: BaseException) -> str:

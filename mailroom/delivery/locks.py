@@ -16,8 +16,8 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, TypeVar
 
 from mailroom.errors import LeaseLost
 
@@ -64,40 +64,105 @@ def process_owner() -> LockOwner:
     return _process_owner
 
 
+class BatchLease:
+    """Keeps the processing locks of a batch alive; a message whose lock is lost stops sending.
+
+    ``renew(ids)`` extends the locks of ``ids`` in one round trip and returns the
+    ids it extended; it runs every ``interval_s`` for every lock still held. A
+    lock that was not extended (taken over, expired, or the renewal failed) is
+    lost: the message's send running under ``guard`` is cancelled and raises
+    ``LeaseLost``. Use as ``async with``: the renewer stops on exit.
+    """
+
+    def __init__(
+        self, renew: Callable[[list[int]], Awaitable[set[int]]], *, interval_s: float
+    ) -> None:
+        self._renew = renew
+        self.interval_s = interval_s
+        #: Locks renewed until ``release``.
+        self.held: set[int] = set()
+        self._lost: dict[int, str] = {}
+        self._sending: dict[int, asyncio.Future[Any]] = {}
+        self._renewer: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> BatchLease:
+        self._renewer = asyncio.ensure_future(self._renew_forever())
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self._renewer is not None:
+            self._renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._renewer
+
+    def hold(self, message_ids: Iterable[int]) -> None:
+        self.held.update(message_ids)
+
+    def release(self, message_id: int) -> None:
+        """Stop renewing (call before the lock is deleted, so a renewal racing it is no loss)."""
+        self.held.discard(message_id)
+
+    def lost(self, message_id: int) -> str | None:
+        """Why the lock of ``message_id`` was lost, or None while it is held."""
+        return self._lost.get(message_id)
+
+    async def guard(self, message_id: int, work: Awaitable[T]) -> T:
+        """Await ``work``; raise ``LeaseLost`` if the message's lock is lost meanwhile.
+
+        A cancellation from outside (worker shutdown) always propagates as such.
+        """
+        if message_id in self._lost:
+            if asyncio.iscoroutine(work):
+                work.close()
+            raise LeaseLost(self._lost[message_id])
+        task = asyncio.ensure_future(work)
+        self._sending[message_id] = task
+        try:
+            return await task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            cancelling = current is not None and current.cancelling()
+            if message_id in self._lost and not cancelling:
+                raise LeaseLost(self._lost[message_id]) from None
+            raise
+        finally:
+            self._sending.pop(message_id, None)
+
+    async def _renew_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            ids = sorted(self.held)
+            if not ids:
+                continue
+            try:
+                kept = await self._renew(ids)
+                reason = "lock taken over or expired"
+            except Exception as exc:
+                kept, reason = set(), f"renewal failed: {type(exc).__name__}: {exc}"
+            for message_id in ids:
+                # Released meanwhile (settled): the lock is gone on purpose.
+                if message_id in kept or message_id not in self.held:
+                    continue
+                self.held.discard(message_id)
+                self._lost[message_id] = reason
+                sending = self._sending.get(message_id)
+                if sending is not None:
+                    sending.cancel()
+
+
 async def run_under_lease(
     work: Awaitable[T], *, renew: Callable[[], Awaitable[bool]], interval_s: float
 ) -> T:
-    """Await ``work`` while ``renew`` extends the lease every ``interval_s``.
+    """Await ``work`` while ``renew`` extends one lease every ``interval_s``.
 
     When a renewal returns False or fails, ``work`` is cancelled and ``LeaseLost``
     raised: someone else may own the message now. A cancellation from outside
     (worker shutdown) always propagates as such.
     """
-    task = asyncio.ensure_future(work)
-    lost: list[str] = []
 
-    async def renewer() -> None:
-        while True:
-            await asyncio.sleep(interval_s)
-            try:
-                ok = await renew()
-                reason = "lock taken over or expired"
-            except Exception as exc:
-                ok, reason = False, f"renewal failed: {type(exc).__name__}: {exc}"
-            if not ok:
-                lost.append(reason)
-                task.cancel()
-                return
+    async def renew_one(ids: list[int]) -> set[int]:
+        return set(ids) if await renew() else set()
 
-    renewing = asyncio.ensure_future(renewer())
-    try:
-        return await task
-    except asyncio.CancelledError:
-        current = asyncio.current_task()
-        if lost and not (current is not None and current.cancelling()):
-            raise LeaseLost(lost[0]) from None
-        raise
-    finally:
-        renewing.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await renewing
+    async with BatchLease(renew_one, interval_s=interval_s) as lease:
+        lease.hold([0])
+        return await lease.guard(0, work)

@@ -12,17 +12,35 @@ from mailroom.models import AuditEvent, ChannelMessage
 #: What the message says when a send may or may not have reached the recipient.
 UNCERTAIN_ERROR = "delivery outcome unknown; verify with the recipient before retrying"
 
-#: Claim in one statement: count the attempt, mark it sending, and return the status before.
+#: Claim many in one statement: count each attempt, mark it sending, return the status before.
+#: Rows not returned are missing, final, or not due yet. Row locks are taken in id order.
 CLAIM = text(
     """
     UPDATE channel_message AS m
        SET attempts = m.attempts + 1, status = 'sending', sending_since = :now
-      FROM (SELECT id, status FROM channel_message WHERE id = :id FOR UPDATE) AS prev
+      FROM (SELECT id, status FROM channel_message
+             WHERE id = ANY(CAST(:ids AS bigint[])) ORDER BY id FOR UPDATE) AS prev
      WHERE m.id = prev.id
        AND m.status IN ('pending', 'sending')
        AND (m.next_retry_at IS NULL OR m.next_retry_at <= :due)
     RETURNING m.id, m.channel, m.account, m.recipient, m.subject, m.body, m.attempts,
               m.chunks, m.last_error, prev.status AS previous_status
+    """
+)
+
+#: The status of each of ``ids`` that exists (to tell missing, final and not-due apart).
+STATUSES = text("SELECT id, status FROM channel_message WHERE id = ANY(CAST(:ids AS bigint[]))")
+
+#: Settle many deliveries in one statement, each fenced on its attempt like ``fenced_update``.
+#: ``rows`` is a JSON array of ``{"id", "attempts", "chunks"}``; returns the ids it settled.
+SUCCEED = text(
+    """
+    UPDATE channel_message AS m
+       SET status = 'delivered', delivered_at = :now, chunks = v.chunks,
+           last_error = NULL, next_retry_at = NULL
+      FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS v(id bigint, attempts integer, chunks jsonb)
+     WHERE m.id = v.id AND m.attempts = v.attempts AND m.status = 'sending'
+    RETURNING m.id
     """
 )
 

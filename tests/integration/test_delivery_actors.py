@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 from actors import resources
 from actors.delivery import (
     deliver_channel_message,
+    deliver_channel_messages,
     readd_pending_deliveries,
     recover_stale_deliveries,
 )
@@ -68,6 +69,30 @@ async def test_actor_gives_up_at_the_maximum_of_attempts(
     row = await load_message(delivery_sessions, message_id)
     assert (row.status, row.attempts) == ("failed", attempts)
     assert len(http_receiver.requests) == attempts
+
+
+async def test_batch_actor_delivers_and_retries_a_failed_message_on_its_own(
+    configured, stub_broker, stub_worker, delivery_sessions, http_receiver
+):
+    ids = [await make_message(delivery_sessions, channel="webhook") for _ in range(3)]
+    http_receiver.reply(HttpReply(503))  # whichever message is sent first fails once
+    deliver_channel_messages.send(ids)
+    drain(stub_broker, stub_worker, deliver_channel_messages.queue_name)
+    rows = [await load_message(delivery_sessions, mid) for mid in ids]
+    assert [row.status for row in rows] == ["delivered"] * 3
+    assert sorted(row.attempts for row in rows) == [1, 1, 2]
+    keys = [r.headers["Idempotency-Key"] for r in http_receiver.requests]
+    assert sorted(keys) == sorted([f"{mid}:1" for mid in ids] + [keys[0]])
+    assert stub_broker.dead_letters == []
+
+
+async def test_batch_actor_rejects_a_malformed_payload_without_retrying(
+    configured, stub_broker, stub_worker
+):
+    deliver_channel_messages.send(["x", -1])
+    stub_broker.join(deliver_channel_messages.queue_name, fail_fast=False)
+    stub_worker.join()
+    assert len(stub_broker.dead_letters) == 1
 
 
 async def test_maintenance_actors_run(configured, stub_broker, stub_worker, delivery_sessions):

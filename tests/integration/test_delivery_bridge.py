@@ -17,6 +17,7 @@ import redis.asyncio as aioredis
 
 from bridges.stream import StreamBridge, create_client
 from mailroom.adapters.redis import DeliveryRedis
+from mailroom.delivery.contracts import decode_entry
 from mailroom.delivery.deliver import Deliverer, Outcome
 from mailroom.delivery.locks import LockOwner
 from mailroom.devstack import EmbeddedRedis
@@ -26,18 +27,20 @@ pytestmark = pytest.mark.integration
 
 
 class Recorder:
-    """A ``send`` that records ids and can be told to fail."""
+    """A ``send`` that records the batches and their ids, and can be told to fail."""
 
     def __init__(self) -> None:
         self.ids: list[int] = []
+        self.batches: list[list[int]] = []
         self.failing = False
         self.lock = threading.Lock()
 
-    def __call__(self, message_id: int) -> None:
+    def __call__(self, message_ids: list[int]) -> None:
         if self.failing:
             raise ConnectionError("broker down")
         with self.lock:
-            self.ids.append(message_id)
+            self.batches.append(list(message_ids))
+            self.ids.extend(message_ids)
 
 
 async def wait_until(predicate, timeout_s: float = 10.0) -> None:
@@ -91,11 +94,12 @@ async def test_entries_are_forwarded_then_acked_and_trimmed(
     bridge_factory, delivery_redis, delivery_settings
 ):
     recorder = Recorder()
-    running = bridge_factory(recorder)
     await add(delivery_redis, delivery_settings, 1, 2, 3)
+    running = bridge_factory(recorder)
     await wait_until(lambda: len(recorder.ids) == 3)
     await running.stop()
     assert recorder.ids == [1, 2, 3]
+    assert recorder.batches == [[1, 2, 3]]  # one actor message per read
     assert await group_pending(delivery_redis, delivery_settings) == 0
     assert await delivery_redis.xlen(delivery_settings.stream_key) == 0
 
@@ -255,3 +259,47 @@ def test_bridge_process_exits_0_on_sigterm(redis_url, delivery_settings, tmp_pat
             process.kill()
             process.wait()
         process.stdout.close()
+
+
+async def test_a_backlog_is_forwarded_in_order_and_every_entry_acknowledged(
+    bridge_factory, delivery_redis, delivery_settings
+):
+    settings = delivery_settings.model_copy(update={"read_count": 5})
+    ids = list(range(1, 24))
+    await add(delivery_redis, settings, *ids)
+    recorder = Recorder()
+    running = bridge_factory(recorder, settings=settings)
+    await wait_until(lambda: len(recorder.ids) == len(ids))
+    # The acknowledgement of a backlog's last batch comes with the next read.
+    await wait_until(lambda: not running.bridge._unacked)
+    await running.stop()
+    assert recorder.ids == ids
+    assert [len(batch) for batch in recorder.batches] == [5, 5, 5, 5, 3]
+    assert await group_pending(delivery_redis, settings) == 0
+    assert await delivery_redis.xlen(settings.stream_key) == 0
+
+
+async def test_stopping_mid_backlog_acknowledges_what_was_sent_and_loses_nothing(
+    delivery_redis, delivery_settings
+):
+    settings = delivery_settings.model_copy(update={"read_count": 5})
+    ids = list(range(1, 51))
+    await add(delivery_redis, settings, *ids)
+    stop = asyncio.Event()
+    recorder = Recorder()
+
+    def send(message_ids):
+        recorder(message_ids)
+        if len(recorder.batches) == 3:
+            stop.set()  # SIGTERM while batches are read ahead
+
+    bridge = StreamBridge(delivery_redis, settings=settings, send=send, consumer="b", stop=stop)
+    await asyncio.wait_for(bridge.run(), 5)
+    sent = set(recorder.ids)
+    assert 15 <= len(sent) < len(ids)  # the batch read ahead is finished, nothing more
+    pending = await delivery_redis.xpending_range(
+        settings.stream_key, settings.consumer_group, min="-", max="+", count=100
+    )
+    assert pending == []  # everything read was sent and acknowledged
+    left = await delivery_redis.xrange(settings.stream_key)
+    assert sorted(sent | {decode_entry(fields) for _, fields in left}) == ids

@@ -1,5 +1,5 @@
-"""Delivery parts without network: chunks, stream entries, lease runner, channel registry,
-middleware chain, error mapping of the webhook and email channels."""
+"""Delivery parts without network: chunks, stream entries, lease runner, batch lease, group
+commit, channel registry, middleware chain, error mapping of the webhook and email channels."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ from mailroom.adapters.channels import ChannelOutbound, ChannelRejected, Channel
 from mailroom.adapters.channels.email import _by_code, build_mail
 from mailroom.adapters.channels.webhook import _check, parse_retry_after
 from mailroom.delivery.chunks import ChunkPlan, split_body
-from mailroom.delivery.contracts import decode_entry, encode_entry
-from mailroom.delivery.locks import LockOwner, run_under_lease
+from mailroom.delivery.coalesce import Coalescer
+from mailroom.delivery.contracts import StreamEntry, decode_entry, decode_payload, encode_entry
+from mailroom.delivery.locks import BatchLease, LockOwner, run_under_lease
 from mailroom.delivery.ports import Envelope
 from mailroom.errors import LeaseLost, RateLimited
 from mailroom.settings import DeliverySettings
@@ -232,3 +233,70 @@ def test_rate_limits_need_a_redis_client():
     settings = DeliverySettings(rate_limits={"log:default": RateLimit(per_second=1)})
     with pytest.raises(ValueError):
         ChannelOutbound(settings).sender("log", "default")
+
+
+async def test_coalescer_flushes_callers_ready_together_in_one_round_trip():
+    batches: list[list[int]] = []
+
+    async def flush(items):
+        batches.append(list(items))
+        await asyncio.sleep(0.01)
+        return {item: item * 10 for item in items}
+
+    coalescer = Coalescer(flush)
+    assert await asyncio.gather(*(coalescer.submit(n) for n in range(5))) == [0, 10, 20, 30, 40]
+    assert batches == [[0, 1, 2, 3, 4]]
+    # A lone caller goes at once; callers arriving during a flush share the next one.
+    first = asyncio.ensure_future(coalescer.submit(7))
+    await asyncio.sleep(0.001)
+    later = [asyncio.ensure_future(coalescer.submit(n)) for n in (8, 9)]
+    assert [await first, *[await f for f in later]] == [70, 80, 90]
+    assert batches[1:] == [[7], [8, 9]]
+    await coalescer.aclose()
+
+
+async def test_coalescer_error_reaches_only_the_callers_of_that_flush():
+    async def flush(items):
+        if 1 in items:
+            raise ConnectionError("postgres gone")
+        return {item: "ok" for item in items if item != 3}
+
+    coalescer = Coalescer(flush)
+    with pytest.raises(ConnectionError):
+        await coalescer.submit(1)
+    assert await coalescer.submit(2) == "ok"
+    with pytest.raises(KeyError):  # the flush gave no result for it
+        await coalescer.submit(3)
+    await coalescer.aclose()
+
+
+async def test_batch_lease_loses_one_message_without_touching_its_neighbours():
+    renewed: list[list[int]] = []
+
+    async def renew(ids):
+        renewed.append(ids)
+        return {mid for mid in ids if mid != 2}
+
+    async def work(seconds):
+        await asyncio.sleep(seconds)
+        return "sent"
+
+    async with BatchLease(renew, interval_s=0.02) as lease:
+        lease.hold([1, 2, 3])
+        lease.release(3)  # settled already: no longer renewed, never lost
+        results = await asyncio.gather(
+            lease.guard(1, work(0.1)), lease.guard(2, work(5)), return_exceptions=True
+        )
+        assert results[0] == "sent"
+        assert isinstance(results[1], LeaseLost)
+        assert lease.lost(2) and lease.lost(1) is None and lease.lost(3) is None
+        with pytest.raises(LeaseLost):  # a lost message does not start sending again
+            await lease.guard(2, work(0))
+    assert renewed and all(3 not in ids for ids in renewed)
+
+
+def test_payload_decoding_matches_the_contract_for_odd_values():
+    assert decode_payload(b'{"message_id": 5}') == 5
+    assert decode_payload('{"message_id": "5"}') == StreamEntry(message_id=5).message_id
+    for raw in (None, b"", b"{", b"[]", b'{"message_id": -1}', b'{"message_id": 1.5}', b"\xff"):
+        assert decode_payload(raw) is None
