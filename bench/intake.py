@@ -138,7 +138,8 @@ async def _no_nudge() -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mails", type=int, default=2000)
-    parser.add_argument("--quick", action="store_true", help="fewer mails, done within 60 s")
+    # The full run of 2,000 mails takes about 15 s, so --quick is the same run.
+    parser.add_argument("--quick", action="store_true", help="done within 60 s (2,000 mails)")
     parser.add_argument(
         "--workdir",
         type=Path,
@@ -146,7 +147,7 @@ def main() -> int:
         help="where Postgres and the object store live for the run (a fresh folder inside)",
     )
     args = parser.parse_args()
-    count = 500 if args.quick else args.mails
+    count = args.mails
     logging.basicConfig(level=logging.WARNING)
 
     # NOTE: the state folder, not the system temp dir: on some hosts /tmp is ten times
