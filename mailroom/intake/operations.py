@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -96,10 +97,7 @@ async def unblock_mailbox(
 ) -> CursorView:
     """Let a blocked (or backed-off) cursor retry at once, from where it stopped."""
     async with transaction(sessions) as session:
-        cursor = await _locked_cursor(session, mailbox, folder)
-        now = await _db_now(session)
-        if cursor.status == "processing" and cursor.lease_until and cursor.lease_until > now:
-            raise CursorBusy(f"mailbox {mailbox!r} is being polled right now")
+        cursor, now = await _idle_cursor(session, mailbox, folder)
         detail = {
             "previous_status": cursor.status,
             "blocked_uid": cursor.blocked_uid,
@@ -108,14 +106,7 @@ async def unblock_mailbox(
             "last_error": cursor.last_error,
         }
         _clear_failure(cursor, now)
-        await audit.record_audit(
-            session,
-            audit.UNBLOCKED,
-            target=audit.cursor_target(cursor.mailbox, cursor.folder),
-            detail=detail,
-            actor_type="operator",
-            actor_id=operator or audit.operator_id(),
-        )
+        await _audit_operator(session, cursor, audit.UNBLOCKED, detail, operator)
     return (await _views(sessions, cursor.mailbox, cursor.folder))[0]
 
 
@@ -135,10 +126,7 @@ async def reset_mailbox(
     if uid < 0:
         raise CursorNotFound("the UID must be 0 or more")
     async with transaction(sessions) as session:
-        cursor = await _locked_cursor(session, mailbox, folder)
-        now = await _db_now(session)
-        if cursor.status == "processing" and cursor.lease_until and cursor.lease_until > now:
-            raise CursorBusy(f"mailbox {mailbox!r} is being polled right now")
+        cursor, now = await _idle_cursor(session, mailbox, folder)
         detail = {
             "previous_status": cursor.status,
             "old_last_uid": cursor.last_uid,
@@ -149,15 +137,36 @@ async def reset_mailbox(
         cursor.last_uid = uid
         cursor.last_error = None
         _clear_failure(cursor, now)
-        await audit.record_audit(
-            session,
-            audit.RESET,
-            target=audit.cursor_target(cursor.mailbox, cursor.folder),
-            detail=detail,
-            actor_type="operator",
-            actor_id=operator or audit.operator_id(),
-        )
+        await _audit_operator(session, cursor, audit.RESET, detail, operator)
     return (await _views(sessions, cursor.mailbox, cursor.folder))[0]
+
+
+async def _idle_cursor(
+    session: AsyncSession, mailbox: str, folder: str | None
+) -> tuple[MailboxCursor, datetime]:
+    """The cursor, locked, and the database's now; refused while a poll holds its lease."""
+    cursor = await _locked_cursor(session, mailbox, folder)
+    now = await _db_now(session)
+    if cursor.status == "processing" and cursor.lease_until and cursor.lease_until > now:
+        raise CursorBusy(f"mailbox {mailbox!r} is being polled right now")
+    return cursor, now
+
+
+async def _audit_operator(
+    session: AsyncSession,
+    cursor: MailboxCursor,
+    action: str,
+    detail: dict[str, Any],
+    operator: str | None,
+) -> None:
+    await audit.record_audit(
+        session,
+        action,
+        target=audit.cursor_target(cursor.mailbox, cursor.folder),
+        detail=detail,
+        actor_type="operator",
+        actor_id=operator or audit.operator_id(),
+    )
 
 
 async def _db_now(session: AsyncSession) -> datetime:
