@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import threading
 import uuid
 
 import pytest
@@ -183,14 +184,24 @@ async def test_first_polls_racing_to_create_the_cursor_both_survive(intake_env):
     assert (await intake_env.cursor()).status == "idle"
 
 
-async def test_idle_wakes_up_when_a_mail_arrives(intake_env):
+async def test_idle_wakes_up_when_a_mail_arrives(intake_env, monkeypatch):
     box = intake_env.settings.intake.mailboxes[0]
     box.idle, box.idle_timeout_s = True, 20.0
     loop = asyncio.get_running_loop()
 
+    idling = threading.Event()
+    original_idle = ImapMailbox._idle
+
+    def spy_idle(self, timeout_s):
+        idling.set()
+        return original_idle(self, timeout_s)
+
+    monkeypatch.setattr(ImapMailbox, "_idle", spy_idle)
+
     async def deliver_later() -> None:
-        # Late enough that the poll is waiting in IDLE, even on a loaded machine.
-        await asyncio.sleep(1.5)
+        # Once the poll is waiting in IDLE (pymap fails an IDLE that races with an APPEND).
+        await asyncio.to_thread(idling.wait, 30)
+        await asyncio.sleep(0.5)
         await asyncio.to_thread(intake_env.append, csv_mail(7))
 
     started = loop.time()
