@@ -114,8 +114,8 @@ def test_unexpected_actor_error_is_one_scrubbed_event_and_expected_ones_are_none
     kinds = [e["exception"]["values"][-1]["type"] for e in errors]
     assert "RuntimeError" in kinds
     assert "PermanentError" not in kinds and "RetryableError" not in kinds
-    crash_event = next(e for e in errors if e["exception"]["values"][-1]["type"] == "RuntimeError")
-    assert crash_event["tags"]["actor"] == "sentry_crash"
+    crash_event = next(e for e in errors if e["tags"].get("actor") == "sentry_crash")
+    assert crash_event["exception"]["values"][-1]["type"] == "RuntimeError"
     assert crash_event["tags"]["queue"] == "sentry_probe"
     assert "message_id" in crash_event["tags"]
     poll_event = next(e for e in errors if e["tags"].get("actor") == "poll_mailbox")
