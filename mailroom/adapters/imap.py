@@ -118,6 +118,7 @@ class ImapMailbox:
     def __init__(self, settings: MailboxSettings) -> None:
         self.settings = settings
         self._client: IMAPClient | None = None
+        self._folder: str | None = None
         # Set when the thread of the running call returns; close() waits for it.
         self._idle_call: threading.Event = threading.Event()
         self._idle_call.set()
@@ -168,7 +169,16 @@ class ImapMailbox:
     async def check_health(self) -> None:
         await self._call("NOOP", self._require().noop)
 
+    def _reconnect(self) -> None:
+        broken, self._client = self._client, None
+        if broken is not None:
+            _shutdown_quietly(broken)
+        client = self._connect()
+        if self._folder is not None:
+            client.select_folder(self._folder)
+
     async def select(self, folder: str) -> int:
+        self._folder = folder
         info = await self._call(f"SELECT {folder!r}", self._require().select_folder, folder)
         try:
             return int(info[b"UIDVALIDITY"])
@@ -198,7 +208,17 @@ class ImapMailbox:
         client = self._require()
         if not client.has_capability("IDLE"):
             return False  # the next scheduled poll looks again
-        client.idle()
+        try:
+            client.idle()
+        except imaplib.IMAP4.abort as exc:
+            # Mail that lands as IDLE starts can come back as updates imaplib cannot parse
+            # (seen with pymap): the connection is out of step. Open a fresh one on the same
+            # folder and say "something changed", so the caller fetches instead of failing.
+            logger.info(
+                "IMAP IDLE of %s lost step (%s); reconnecting", self.settings.name, _short(exc)
+            )
+            self._reconnect()
+            return True
         try:
             responses = client.idle_check(timeout=timeout_s)
         finally:

@@ -1,0 +1,41 @@
+"""An IDLE that loses step with the server reconnects and reports a change instead of failing."""
+
+from __future__ import annotations
+
+import imaplib
+
+import pytest
+from imapclient import IMAPClient
+
+from mailroom.adapters.imap import ImapMailbox
+from tests.fixtures.imap import csv_mail
+
+pytestmark = pytest.mark.integration
+
+
+async def test_idle_that_the_server_answers_out_of_step_reconnects_and_fetches(
+    imap_server, imap_folder, monkeypatch
+):
+    mailbox = ImapMailbox(imap_server.mailbox_settings("box", imap_folder, idle=True))
+    original_idle = IMAPClient.idle
+    calls = []
+
+    def out_of_step(self):
+        calls.append(self)
+        if len(calls) == 1:
+            raise imaplib.IMAP4.abort("unexpected response: b'FLAGS (\\\\Recent))'")
+        return original_idle(self)
+
+    monkeypatch.setattr(IMAPClient, "idle", out_of_step)
+    try:
+        await mailbox.connect()
+        await mailbox.select(imap_folder)
+        (uid,) = imap_server.append(imap_folder, csv_mail(1))
+
+        assert await mailbox.idle(5.0) is True
+        # The fresh connection has the folder selected and sees the new mail.
+        assert await mailbox.uids_above(0) == [uid]
+        assert not await mailbox.idle(0.2)  # and IDLE works again on it
+    finally:
+        await mailbox.close()
+    assert len(calls) == 2
