@@ -210,19 +210,20 @@ class ImapMailbox:
             return False  # the next scheduled poll looks again
         try:
             client.idle()
+            try:
+                responses = client.idle_check(timeout=timeout_s)
+            finally:
+                client.idle_done()
         except imaplib.IMAP4.abort as exc:
-            # Mail that lands as IDLE starts can come back as updates imaplib cannot parse
-            # (seen with pymap): the connection is out of step. Open a fresh one on the same
-            # folder and say "something changed", so the caller fetches instead of failing.
+            # Mail that lands while IDLE starts or ends can come back as updates imaplib cannot
+            # parse (seen with pymap): the connection is out of step. Open a fresh one on the
+            # same folder and say "something changed", so the caller fetches instead of failing.
+            # A server that is really gone fails the reconnect, and that error stands.
             logger.info(
                 "IMAP IDLE of %s lost step (%s); reconnecting", self.settings.name, _short(exc)
             )
             self._reconnect()
             return True
-        try:
-            responses = client.idle_check(timeout=timeout_s)
-        finally:
-            client.idle_done()
         return any(isinstance(r, tuple) and b"EXISTS" in r for r in responses)
 
     async def idle(self, timeout_s: float) -> bool:
