@@ -124,7 +124,8 @@ async def relay(settings: Any, seconds: float) -> tuple[int, float]:
     from sqlalchemy import text
 
     from mailroom.db import create_engine, create_sessionmaker
-    from mailroom.recognition.contracts import RecognitionRequest, dump
+    from mailroom.recognition.contracts import dump
+    from mailroom.recognition.outbox import build_request
 
     engine = create_engine(settings.database)
     sessions = create_sessionmaker(engine)
@@ -140,16 +141,7 @@ async def relay(settings: Any, seconds: float) -> tuple[int, float]:
                     break
                 now = datetime.now(UTC)
                 deadline = now + timedelta(seconds=300)
-                request = RecognitionRequest(
-                    job_id=row.id,
-                    file_id=row.file_id,
-                    pipeline=row.pipeline,
-                    file_type=row.file_type,
-                    original_name=row.original_name,
-                    s3={"bucket": row.bucket, "key": row.key},
-                    reply_deadline=deadline,
-                    attempt=row.attempt,
-                )
+                request = build_request(row, deadline)
                 msg_id = f"{row.id}:{row.attempt}:request"
                 await nc.publish(subject, dump(request), headers={"Nats-Msg-Id": msg_id})
                 await nc.flush()

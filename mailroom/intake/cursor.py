@@ -188,6 +188,19 @@ class Failure:
     next_retry_at: datetime | None
 
 
+async def _count_failure(session: AsyncSession, claim: Claim, what: str) -> int:
+    """One more failure on the cursor we lease; LeaseLost when the lease is gone."""
+    count = await session.scalar(
+        update(MailboxCursor)
+        .where(_owned(claim))
+        .values(retry_count=MailboxCursor.retry_count + 1)
+        .returning(MailboxCursor.retry_count)
+    )
+    if count is None:
+        raise LeaseLost(f"mailbox {claim.mailbox}: lease lost while recording {what}")
+    return int(count)
+
+
 async def record_mail_failure(
     sessions: async_sessionmaker[AsyncSession],
     claim: Claim,
@@ -203,14 +216,7 @@ async def record_mail_failure(
     """Back off (or block) the cursor at ``uid``, record the attempt on the mail, release the lease."""
     text = describe_error(error)
     async with transaction(sessions) as session:
-        count = await session.scalar(
-            update(MailboxCursor)
-            .where(_owned(claim))
-            .values(retry_count=MailboxCursor.retry_count + 1)
-            .returning(MailboxCursor.retry_count)
-        )
-        if count is None:
-            raise LeaseLost(f"mailbox {claim.mailbox}: lease lost while recording UID {uid}")
+        count = await _count_failure(session, claim, f"UID {uid}")
         blocked = count >= max_retries
         retry_at = (
             None
@@ -281,14 +287,7 @@ async def record_batch_failure(
 ) -> Failure:
     """Back the cursor off after a batch that could not run (IMAP down, login refused)."""
     async with transaction(sessions) as session:
-        count = await session.scalar(
-            update(MailboxCursor)
-            .where(_owned(claim))
-            .values(retry_count=MailboxCursor.retry_count + 1)
-            .returning(MailboxCursor.retry_count)
-        )
-        if count is None:
-            raise LeaseLost(f"mailbox {claim.mailbox}: lease lost while recording a failure")
+        count = await _count_failure(session, claim, "a failure")
         retry_at = now + timedelta(seconds=backoff_s(count, max_backoff_s=max_backoff_s))
         await session.execute(
             update(MailboxCursor)

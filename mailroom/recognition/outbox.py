@@ -120,7 +120,8 @@ def request_subject(nats: NatsSettings, pipeline: str) -> str:
     return nats.subject(name)
 
 
-def _build_request(row: Any, deadline: datetime) -> RecognitionRequest:
+def build_request(row: Any, deadline: datetime) -> RecognitionRequest:
+    """The contract request for a claimed job row (with its file and object columns)."""
     return RecognitionRequest(
         job_id=row.id,
         file_id=row.file_id,
@@ -176,7 +177,7 @@ async def publish_recognition_requests(
             deadline = row.reply_deadline if republish else first_deadline
             subject = (republish and row.request_subject) or request_subject(nats, row.pipeline)
             try:
-                request = _build_request(row, deadline)
+                request = build_request(row, deadline)
             except ValidationError as exc:
                 outcome.invalid.append(row.id)
                 invalid_messages.append(_describe(exc))
