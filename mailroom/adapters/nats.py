@@ -328,6 +328,9 @@ class NatsClient:
         core = _CoreSubscription()
         with _translate_errors(f"subscribe {subject}"):
             core.sub = await nc.subscribe(subject, queue=s.inbox_queue_group, cb=core.on_message)
+            # Core NATS drops what is published before the server has the SUB, so
+            # "subscribed" means the server answered a PING sent after it.
+            await nc.flush(timeout=s.publish_timeout_s)  # type: ignore[arg-type]
         return core
 
     def _require_nc(self) -> NatsConnection:

@@ -62,6 +62,7 @@ async def listener(recognition_settings):
     nc = await nats_py.connect(recognition_settings.nats.url)
     try:
         sub = await nc.subscribe(recognition_settings.nats.subject("files.tabular_uploaded"))
+        await nc.flush()  # the server knows the SUB before anything is published
         yield sub
     finally:
         await nc.close()

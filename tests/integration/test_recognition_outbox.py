@@ -118,6 +118,7 @@ async def test_core_nats_publish_reaches_subscribers(
 
     nc = await nats_py.connect(nats_url)
     sub = await nc.subscribe(settings.nats.subject("files.tabular_uploaded"))
+    await nc.flush()  # the server knows the SUB before anything is published
     client = NatsClient(settings.nats)
     await client.connect()
     try:
