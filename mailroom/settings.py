@@ -130,8 +130,9 @@ class IntakeSettings(BaseModel):
     max_attachments: int = 100
     #: Mails per IMAP FETCH command.
     fetch_chunk: int = 50
-    #: Mails parsed and stored ahead of the one being committed (commits stay in UID order).
-    prepare_ahead: int = 4
+    #: Mails whose transactions are sent to Postgres together (each mail is still its own
+    #: transaction, committed in UID order); the next group is prepared meanwhile.
+    commit_group: int = 25
 
 
 class DocumentType(BaseModel):

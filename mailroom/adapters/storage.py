@@ -11,6 +11,7 @@ import asyncio
 import hashlib
 import os
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -59,12 +60,30 @@ def _check_key(key: str) -> str:
     return key
 
 
+@dataclass(frozen=True)
+class PutRequest:
+    """One object for ``ObjectStore.put_many``."""
+
+    role: BucketRole
+    key: str
+    data: bytes
+    media_type: str
+
+
+#: What ``put_many`` gives for each request: where it was stored, or why it was not.
+PutOutcome = StoredRef | Exception
+
+
 class ObjectStore(Protocol):
     def bucket(self, role: BucketRole) -> str: ...
 
     async def put(
         self, role: BucketRole, key: str, data: bytes, *, media_type: str
     ) -> StoredRef: ...
+
+    async def put_many(self, requests: Sequence[PutRequest]) -> list[PutOutcome]:
+        """Store several objects; one failing never stops the others (outcomes in order)."""
+        ...
 
     async def get(self, bucket: str, key: str) -> bytes: ...
 
@@ -108,6 +127,23 @@ class FilesystemStore(_Buckets):
         path = self._path(bucket, key)
         await asyncio.to_thread(_write_object, path, data)
         return StoredRef(bucket, key, len(data), sha256_hex(data), media_type)
+
+    async def put_many(self, requests: Sequence[PutRequest]) -> list[PutOutcome]:
+        # One thread hop for all of them: the hop costs the event loop more than a small write.
+        return await asyncio.to_thread(self._put_all, list(requests))
+
+    def _put_all(self, requests: list[PutRequest]) -> list[PutOutcome]:
+        outcomes: list[PutOutcome] = []
+        for r in requests:
+            try:
+                _write_object(self._path(self.bucket(r.role), r.key), r.data)
+            except Exception as exc:  # reported for its own request, the others go on
+                outcomes.append(exc)
+                continue
+            outcomes.append(
+                StoredRef(self.bucket(r.role), r.key, len(r.data), sha256_hex(r.data), r.media_type)
+            )
+        return outcomes
 
     async def get(self, bucket: str, key: str) -> bytes:
         path = Path(self._path(bucket, key))
@@ -251,6 +287,9 @@ class S3Store(_Buckets):
             raise self._translate(exc, f"put {bucket}/{key}") from exc
         return StoredRef(bucket, key, len(data), sha256_hex(data), media_type)
 
+    async def put_many(self, requests: Sequence[PutRequest]) -> list[PutOutcome]:
+        return await put_concurrently(self, requests)
+
     def _get(self, bucket: str, key: str) -> bytes:
         response = self._client.get_object(Bucket=bucket, Key=key)
         body = response["Body"]
@@ -277,6 +316,21 @@ class S3Store(_Buckets):
 
     def close(self) -> None:
         self._client.close()
+
+
+async def put_concurrently(store: ObjectStore, requests: Sequence[PutRequest]) -> list[PutOutcome]:
+    """``put_many`` from ``put``: every put at once, each outcome kept, cancellation propagated."""
+    results = await asyncio.gather(
+        *(store.put(r.role, r.key, r.data, media_type=r.media_type) for r in requests),
+        return_exceptions=True,
+    )
+    outcomes: list[PutOutcome] = []
+    for result in results:
+        if isinstance(result, Exception | StoredRef):
+            outcomes.append(result)
+        else:  # CancelledError and other BaseExceptions are not an object's outcome
+            raise result
+    return outcomes
 
 
 def build_store(settings: Settings) -> ObjectStore:

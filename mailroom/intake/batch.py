@@ -1,9 +1,11 @@
 """One batch of a leased mailbox: connect, SELECT, read new UIDs, ingest each in order.
 
-The next FETCH chunk is read while the current one is ingested, and a few mails
-are parsed and stored ahead of the one being committed; commits stay one per
-mail, in UID order, each fenced on the lease. The connection is closed on every
-exit, and a failure to close never replaces the error that ended the batch.
+The next FETCH chunk is read while the current one is ingested. Mails go in
+groups (``commit_group``): a group is parsed and its objects stored while the
+group before it commits. Commits stay one transaction per mail, in UID order,
+each fenced on the lease; a group's transactions are pipelined to Postgres in
+one round trip. The IMAP connection is closed on every exit, and a failure to
+close never replaces the error that ended the batch.
 """
 
 from __future__ import annotations
@@ -20,9 +22,15 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from mailroom.adapters.imap import FetchedMail, Mailbox
 from mailroom.adapters.storage import ObjectStore
-from mailroom.errors import LeaseLost
 from mailroom.intake.cursor import Claim, Clock, adopt_uidvalidity
-from mailroom.intake.ingest import MailFailed, PreparedMail, commit_mail, prepare_mail
+from mailroom.intake.ingest import (
+    Committed,
+    MailFailed,
+    PreparedGroup,
+    PreparedMail,
+    commit_group,
+    prepare_group,
+)
 from mailroom.intake.parsing import Limits
 from mailroom.settings import IntakeSettings, MailboxSettings
 
@@ -99,40 +107,47 @@ async def _ingest_in_order(
 ) -> None:
     size = max(1, ctx.intake.fetch_chunk)
     chunks = [uids[i : i + size] for i in range(0, len(uids), size)]
-    ahead = max(0, ctx.intake.prepare_ahead)
-    window: deque[tuple[FetchedMail, asyncio.Task[PreparedMail]]] = deque()
+    group_size = max(1, ctx.intake.commit_group)
+    window: deque[asyncio.Task[PreparedGroup]] = deque()
     fetching: asyncio.Task[list[FetchedMail]] | None = asyncio.create_task(
         connection.fetch(chunks[0])
     )
     try:
         # One connection for the batch's per-mail transactions: no pool checkout per mail.
-        # Autocommit: each mail is one statement, so each statement is its transaction.
+        # Autocommit: each mail's transaction is spelled out (BEGIN … COMMIT) in the pipeline.
         async with _engine(ctx.sessions).connect() as conn:
             await conn.execution_options(isolation_level="AUTOCOMMIT")
             pg = (await conn.get_raw_connection()).driver_connection
             if not isinstance(pg, psycopg.AsyncConnection):
                 raise TypeError("intake needs an engine on psycopg's async driver")
-            for index in range(len(chunks)):
-                assert fetching is not None
-                mails = await fetching
-                # One IMAP command at a time: the next chunk is read while this one is ingested.
-                fetching = (
-                    asyncio.create_task(connection.fetch(chunks[index + 1]))
-                    if index + 1 < len(chunks)
-                    else None
-                )
-                for mail in mails:
-                    prepare = prepare_mail(mail, store=ctx.store, limits=ctx.limits)
-                    window.append((mail, asyncio.create_task(prepare)))
-                    if len(window) > ahead:
-                        await _commit_next(ctx, pg, window, result)
-            while window:
-                await _commit_next(ctx, pg, window, result)
+            try:
+                for index in range(len(chunks)):
+                    assert fetching is not None
+                    mails = await fetching
+                    # One IMAP command at a time: the next chunk is read while this one is ingested.
+                    fetching = (
+                        asyncio.create_task(connection.fetch(chunks[index + 1]))
+                        if index + 1 < len(chunks)
+                        else None
+                    )
+                    for start in range(0, len(mails), group_size):
+                        group = mails[start : start + group_size]
+                        prepare = prepare_group(group, store=ctx.store, limits=ctx.limits)
+                        window.append(asyncio.create_task(prepare))
+                        if len(window) > GROUPS_AHEAD:
+                            await _commit_next(ctx, pg, window, result)
+                while window:
+                    await _commit_next(ctx, pg, window, result)
+            except BaseException:
+                # Cancelled or failed mid-pipeline, the connection's protocol state is unknown:
+                # close it rather than hand it back to the pool.
+                await conn.invalidate()
+                raise
     except MailFailed as exc:
         exc.uidvalidity = result.uidvalidity
         raise
     finally:
-        pending: list[asyncio.Task[Any]] = [prepare for _, prepare in window]
+        pending: list[asyncio.Task[Any]] = list(window)
         if fetching is not None:
             pending.append(fetching)
         for leftover in pending:
@@ -145,6 +160,10 @@ async def _ingest_in_order(
                     leftover.exception()  # retrieved: the error that counts is already raised
 
 
+#: Groups parsed and stored ahead of the one being committed (commits stay in UID order).
+GROUPS_AHEAD = 2
+
+
 def _engine(sessions: async_sessionmaker[AsyncSession]) -> AsyncEngine:
     bind = sessions.kw.get("bind")
     if not isinstance(bind, AsyncEngine):
@@ -155,41 +174,50 @@ def _engine(sessions: async_sessionmaker[AsyncSession]) -> AsyncEngine:
 async def _commit_next(
     ctx: BatchContext,
     pg: psycopg.AsyncConnection[Any],
-    window: deque[tuple[FetchedMail, asyncio.Task[PreparedMail]]],
+    window: deque[asyncio.Task[PreparedGroup]],
     result: BatchResult,
 ) -> None:
-    mail, task = window[0]
-    prepared = await task  # raises MailFailed
+    prepared = await window[0]
     window.popleft()
-    try:
-        committed = await commit_mail(
-            pg, ctx.claim, prepared, uidvalidity=result.uidvalidity, now=ctx.clock()
+    if prepared.mails:
+        outcome = await commit_group(
+            pg, ctx.claim, prepared.mails, uidvalidity=result.uidvalidity, now=ctx.clock()
         )
-    except LeaseLost:
-        raise
-    except Exception as exc:
-        raise MailFailed(mail.uid, prepared.parsed.message_id, exc) from exc
-    if committed.duplicate:
-        result.duplicates += 1
+        if _count(ctx, prepared.mails, outcome.committed, result):
+            try:
+                await ctx.nudge()
+            except Exception:  # the jobs are committed; the outbox sweep publishes them anyway
+                logger.warning("Nudging the recognition publisher failed", exc_info=True)
+        if outcome.error is not None:
+            raise outcome.error
+    if prepared.failure is not None:
+        raise prepared.failure
+
+
+def _count(
+    ctx: BatchContext, mails: list[PreparedMail], committed: list[Committed], result: BatchResult
+) -> int:
+    """Add the committed mails to the result; the number of recognition jobs they opened."""
+    jobs = 0
+    for mail, outcome in zip(mails, committed, strict=False):  # committed may stop early
+        if outcome.duplicate:
+            result.duplicates += 1
+            logger.info(
+                "Mailbox %s: UID %d (%r) was ingested before; skipped",
+                ctx.mailbox.name,
+                outcome.uid,
+                (mail.parsed.message_id or "")[:200],
+            )
+            continue
+        result.ingested += 1
+        result.jobs += outcome.jobs
+        jobs += outcome.jobs
         logger.info(
-            "Mailbox %s: UID %d (%r) was ingested before; skipped",
+            "Mailbox %s: stored UID %d as mail %s with %d file(s), %d job(s)",
             ctx.mailbox.name,
-            mail.uid,
-            (prepared.parsed.message_id or "")[:200],
+            outcome.uid,
+            outcome.mail_id,
+            len(mail.parsed.attachments),
+            outcome.jobs,
         )
-        return
-    result.ingested += 1
-    result.jobs += committed.jobs
-    logger.info(
-        "Mailbox %s: stored UID %d as mail %s with %d file(s), %d job(s)",
-        ctx.mailbox.name,
-        mail.uid,
-        committed.mail_id,
-        len(prepared.parsed.attachments),
-        committed.jobs,
-    )
-    if committed.jobs:
-        try:
-            await ctx.nudge()
-        except Exception:  # the jobs are committed; the outbox sweep publishes them anyway
-            logger.warning("Nudging the recognition publisher failed", exc_info=True)
+    return jobs

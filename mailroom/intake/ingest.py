@@ -1,9 +1,10 @@
-"""Ingest one mail: parse and store its objects, then one fenced transaction of rows.
+"""Ingest mails in groups: parse and store their objects, then one transaction per mail.
 
-``prepare_mail`` may run ahead of the mail being committed (it touches only the
-content-addressed object store, so a repeat is harmless); ``commit_mail`` runs
-strictly in UID order and moves the cursor in the same transaction (one
-statement) that stores the mail, its files and their queued recognition jobs.
+``prepare_group`` may run ahead of the mails being committed (it touches only
+the content-addressed object store, so a repeat is harmless) and stops at the
+first mail it cannot prepare; ``commit_group`` runs strictly in UID order: each
+mail is its own fenced transaction (mail, files, queued recognition jobs and the
+cursor advance), and a group's transactions travel to Postgres together.
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ from typing import Any
 import psycopg
 
 from mailroom.adapters.imap import FetchedMail
-from mailroom.adapters.storage import ObjectStore, StoredRef, content_key
+from mailroom.adapters.storage import ObjectStore, PutRequest, StoredRef, content_key
 from mailroom.errors import LeaseLost
 from mailroom.intake.cursor import Claim, describe_error
-from mailroom.intake.mail_sql import FileRow, store_mail
+from mailroom.intake.mail_sql import FileRow, MailWrite, store_mails
 from mailroom.intake.parsing import Limits, ParsedAttachment, ParsedMail, parse_mail
 
 logger = logging.getLogger(__name__)
@@ -52,6 +53,23 @@ class PreparedMail:
     refs: list[StoredRef | None] = field(default_factory=list)
 
 
+@dataclass
+class PreparedGroup:
+    """Consecutive mails ready to commit, and why the next one is not, if it is not."""
+
+    mails: list[PreparedMail]
+    failure: MailFailed | None = None
+
+
+@dataclass
+class GroupCommit:
+    """The mails of a group that committed, in order, and what stopped the rest."""
+
+    committed: list[Committed]
+    #: ``LeaseLost`` or ``MailFailed`` for the first mail that did not commit, else None.
+    error: LeaseLost | MailFailed | None = None
+
+
 @dataclass(frozen=True)
 class Committed:
     uid: int
@@ -65,70 +83,102 @@ class Committed:
 INLINE_PARSE_BYTES = 64 * 1024
 
 
-async def prepare_mail(fetched: FetchedMail, *, store: ObjectStore, limits: Limits) -> PreparedMail:
-    """Parse the mail and put the .eml and its attachments into the store.
+async def prepare_group(
+    fetched: list[FetchedMail], *, store: ObjectStore, limits: Limits
+) -> PreparedGroup:
+    """Parse the mails and put their .eml files and attachments into the store.
 
-    Big mails are parsed in a thread so they never stall the lease heartbeat.
+    All objects of the group go to the store in one ``put_many``. Big mails are
+    parsed in a thread so they never stall the lease heartbeat.
     """
-    try:
-        if len(fetched.raw) <= INLINE_PARSE_BYTES:
-            parsed = parse_mail(fetched.raw, limits)
+    parsed: list[tuple[FetchedMail, ParsedMail]] = []
+    failure: MailFailed | None = None
+    for mail in fetched:
+        try:
+            if len(mail.raw) <= INLINE_PARSE_BYTES:
+                parsed.append((mail, parse_mail(mail.raw, limits)))
+            else:
+                parsed.append((mail, await asyncio.to_thread(parse_mail, mail.raw, limits)))
+        except Exception as exc:
+            failure = MailFailed(mail.uid, None, exc)
+            break
+    requests: list[PutRequest] = []
+    #: For each request: the mail it belongs to and its attachment (None for the .eml).
+    owners: list[tuple[int, int | None]] = []
+    for index, (mail, p) in enumerate(parsed):
+        if p.problem is None:
+            key = content_key(mail.raw, prefix="mail", suffix=".eml")
+            requests.append(PutRequest("mail", key, mail.raw, "message/rfc822"))
+            owners.append((index, None))
+        for position, attachment in enumerate(p.attachments):
+            if request := _attachment_request(attachment):
+                requests.append(request)
+                owners.append((index, position))
+    outcomes = await store.put_many(requests) if requests else []
+    prepared = [PreparedMail(mail, p, None, [None] * len(p.attachments)) for mail, p in parsed]
+    ready = len(prepared)
+    for (owner, part), outcome in zip(owners, outcomes, strict=True):
+        if isinstance(outcome, Exception):
+            if owner < ready:  # the first mail with an object that failed ends the group
+                ready = owner
+                failure = MailFailed(
+                    prepared[owner].fetched.uid, prepared[owner].parsed.message_id, outcome
+                )
+                failure.__cause__ = outcome
+        elif part is None:
+            prepared[owner].raw_ref = outcome
         else:
-            parsed = await asyncio.to_thread(parse_mail, fetched.raw, limits)
-    except Exception as exc:
-        raise MailFailed(fetched.uid, None, exc) from exc
-    try:
-        raw_ref = await _store_raw(fetched.raw, store) if parsed.problem is None else None
-        if len(parsed.attachments) <= 1:
-            # No task per put for the common mail: the batch overlaps several mails anyway.
-            refs = [await _store_attachment(a, store) for a in parsed.attachments]
-        else:
-            refs = await _store_all(parsed.attachments, store)
-    except Exception as exc:
-        raise MailFailed(fetched.uid, parsed.message_id, exc) from exc
-    return PreparedMail(fetched, parsed, raw_ref, refs)
+            prepared[owner].refs[part] = outcome
+    return PreparedGroup(prepared[:ready], failure)
 
 
-async def _store_all(
-    attachments: list[ParsedAttachment], store: ObjectStore
-) -> list[StoredRef | None]:
-    """Put several attachments at once; every put ends before the first error is raised."""
-    results = await asyncio.gather(
-        *(_store_attachment(a, store) for a in attachments), return_exceptions=True
-    )
-    for result in results:
-        if isinstance(result, BaseException):  # a cancellation stays a cancellation
-            raise result
-    return [r for r in results if not isinstance(r, BaseException)]
-
-
-async def _store_raw(raw: bytes, store: ObjectStore) -> StoredRef | None:
-    key = content_key(raw, prefix="mail", suffix=".eml")
-    return await store.put("mail", key, raw, media_type="message/rfc822")
-
-
-async def _store_attachment(attachment: ParsedAttachment, store: ObjectStore) -> StoredRef | None:
+def _attachment_request(attachment: ParsedAttachment) -> PutRequest | None:
     if attachment.skip_reason and not attachment.data:
         return None  # over a limit: recorded on its file row, never stored
     suffix = f".{attachment.extension}" if attachment.extension else ""
     key = content_key(attachment.data, prefix="attachments", suffix=suffix)
-    return await store.put("incoming", key, attachment.data, media_type=attachment.media_type)
+    return PutRequest("incoming", key, attachment.data, attachment.media_type)
 
 
-async def commit_mail(
+async def commit_group(
     pg: psycopg.AsyncConnection[Any],
     claim: Claim,
-    prepared: PreparedMail,
+    group: list[PreparedMail],
     *,
     uidvalidity: int,
     now: datetime,
-) -> Committed:
-    """One transaction: fence on the lease, then the mail, its files and queued jobs.
+) -> GroupCommit:
+    """Commit the mails in order, each its own fenced transaction, in one round trip.
 
-    ``pg`` is the batch's own autocommit connection; the write is a single
-    statement (``mail_sql``), so it is one transaction and one round trip.
+    ``pg`` is the batch's own autocommit connection. The outcome stops at the
+    first mail the lease no longer covers (``LeaseLost``) or that Postgres
+    refused (``MailFailed``); the mails before it stay committed.
     """
-    uid = prepared.fetched.uid
+    writes = [_mail_write(claim, prepared, uidvalidity=uidvalidity, now=now) for prepared in group]
+    results, error = await store_mails(pg, writes)
+    outcome = GroupCommit([])
+    for prepared, stored in zip(group, results, strict=False):
+        uid = prepared.fetched.uid
+        if not stored.fenced:
+            # Its transaction and those after it wrote nothing: each is fenced on the lease.
+            outcome.error = LeaseLost(
+                f"mailbox {claim.mailbox}: lease {claim.lease_id} lost before UID {uid}"
+            )
+            return outcome
+        if stored.mail_id is None:
+            outcome.committed.append(Committed(uid, None, 0, duplicate=True))
+        else:
+            outcome.committed.append(Committed(uid, stored.mail_id, stored.jobs))
+    if error is not None:
+        failed = group[len(results)]
+        outcome.error = MailFailed(failed.fetched.uid, failed.parsed.message_id, error)
+        outcome.error.__cause__ = error
+    return outcome
+
+
+def _mail_write(
+    claim: Claim, prepared: PreparedMail, *, uidvalidity: int, now: datetime
+) -> MailWrite:
     parsed = prepared.parsed
     objects: dict[tuple[str, str], dict[str, Any]] = {}
     raw = prepared.raw_ref
@@ -156,12 +206,11 @@ async def commit_mail(
                 pipeline=attachment.pipeline if recognizable else None,
             )
         )
-    stored = await store_mail(
-        pg,
+    return MailWrite(
         cursor_id=claim.cursor_id,
         lease_id=claim.lease_id,
         uidvalidity=uidvalidity,
-        uid=uid,
+        uid=prepared.fetched.uid,
         mail={
             "message_id": parsed.message_id,
             "sha256": parsed.sha256,
@@ -179,11 +228,6 @@ async def commit_mail(
         created_by=CREATED_BY,
         now=now,
     )
-    if not stored.fenced:
-        raise LeaseLost(f"mailbox {claim.mailbox}: lease {claim.lease_id} lost before UID {uid}")
-    if stored.mail_id is None:
-        return Committed(uid, None, 0, duplicate=True)
-    return Committed(uid, stored.mail_id, stored.jobs)
 
 
 def _object_row(ref: StoredRef, role: str) -> dict[str, Any]:

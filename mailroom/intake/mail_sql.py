@@ -1,8 +1,8 @@
 """The one statement that stores a mail: fence, dedupe, objects, mail, files, jobs.
 
-A single statement is a single transaction in Postgres, so the whole per-mail
-write is one round trip (intake's throughput is bound by round trips, not by
-Postgres). The data-modifying CTEs run on one snapshot:
+Each mail is one statement in its own transaction, and the statements of a
+group of mails are pipelined (intake's throughput is bound by round trips and
+client work, not by Postgres). The data-modifying CTEs run on one snapshot:
 
 - ``fence`` moves ``last_uid`` only while our lease holds; no row means the
   lease is lost and every insert below is gated off (``go`` is empty);
@@ -144,48 +144,83 @@ def _json(rows: list[dict[str, Any]]) -> str:
     return json.dumps(rows, default=str)
 
 
-async def store_mail(
-    pg: psycopg.AsyncConnection[Any],
-    *,
-    cursor_id: int,
-    lease_id: uuid.UUID,
-    uidvalidity: int,
-    uid: int,
-    mail: dict[str, Any],
-    raw: tuple[str, str] | None,
-    objects: list[dict[str, Any]],
-    files: list[FileRow],
-    created_by: str,
-    now: datetime,
-) -> StoreResult:
-    """Run the statement on an autocommit connection (the statement is the transaction).
+@dataclass(frozen=True)
+class MailWrite:
+    """Everything the statement stores for one mail."""
 
-    ``pg`` is the psycopg connection under the batch's SQLAlchemy connection: the
-    statement runs server-side prepared, without SQLAlchemy's per-call compile and
-    result wrapping, which cost more than Postgres spends on it.
+    cursor_id: int
+    lease_id: uuid.UUID
+    uidvalidity: int
+    uid: int
+    mail: dict[str, Any]
+    raw: tuple[str, str] | None
+    objects: list[dict[str, Any]]
+    files: list[FileRow]
+    created_by: str
+    now: datetime
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "cursor_id": self.cursor_id,
+            "lease_id": self.lease_id,
+            "uidvalidity": self.uidvalidity,
+            "uid": self.uid,
+            **self.mail,
+            "raw_bucket": self.raw[0] if self.raw else None,
+            "raw_key": self.raw[1] if self.raw else None,
+            "objects": _json(self.objects),
+            "files": _json([f.__dict__ for f in self.files]),
+            "created_by": self.created_by,
+            "now": self.now,
+        }
+
+
+async def store_mails(
+    pg: psycopg.AsyncConnection[Any], writes: list[MailWrite]
+) -> tuple[list[StoreResult], psycopg.Error | None]:
+    """Store mails in order, each in its own transaction, all sent in one pipeline.
+
+    ``pg`` is the psycopg connection under the batch's SQLAlchemy connection, in
+    autocommit mode: statements run server-side prepared, without SQLAlchemy's
+    per-call compile and result wrapping. Each mail is ``BEGIN``, the statement,
+    ``COMMIT``, and one Sync ends the pipeline, so Postgres skips everything after
+    the first error: the results are those of the mails committed, in order, and
+    the error is that of the mail after them.
     """
     if not pg.autocommit:
-        raise RuntimeError("store_mail needs an autocommit connection")
-    statement = STORE_MAIL_WITHOUT_ID if mail["message_id"] is None else STORE_MAIL_WITH_ID
-    params = {
-        "cursor_id": cursor_id,
-        "lease_id": lease_id,
-        "uidvalidity": uidvalidity,
-        "uid": uid,
-        **mail,
-        "raw_bucket": raw[0] if raw else None,
-        "raw_key": raw[1] if raw else None,
-        "objects": _json(objects),
-        "files": _json([f.__dict__ for f in files]),
-        "created_by": created_by,
-        "now": now,
-    }
-    async with pg.cursor() as cur:
-        await cur.execute(statement, params, prepare=True)
-        row = await cur.fetchone()
-    if row is None:
-        raise RuntimeError("store_mail returned no row")
-    fenced, duplicate, mail_id, jobs = row
-    return StoreResult(
-        fenced=bool(fenced), duplicate=bool(duplicate), mail_id=mail_id, jobs=int(jobs)
-    )
+        raise RuntimeError("store_mails needs an autocommit connection")
+    sent: list[tuple[psycopg.AsyncCursor[Any], psycopg.AsyncCursor[Any]]] = []
+    error: psycopg.Error | None = None
+    try:
+        async with pg.pipeline():
+            for write in writes:
+                statement = (
+                    STORE_MAIL_WITHOUT_ID
+                    if write.mail["message_id"] is None
+                    else STORE_MAIL_WITH_ID
+                )
+                await pg.execute("BEGIN")
+                store = await pg.cursor().execute(statement, write.params(), prepare=True)
+                sent.append((store, await pg.execute("COMMIT")))
+    except psycopg.Error as exc:
+        error = exc
+    if error is not None and not pg.closed:
+        await pg.rollback()  # the failed mail's transaction block, if it is still open
+    results: list[StoreResult] = []
+    for store, commit in sent:
+        if commit.statusmessage != "COMMIT":
+            break
+        row = await store.fetchone()
+        if row is None:
+            raise RuntimeError("store_mail returned no row")
+        fenced, duplicate, mail_id, jobs = row
+        results.append(
+            StoreResult(
+                fenced=bool(fenced), duplicate=bool(duplicate), mail_id=mail_id, jobs=int(jobs)
+            )
+        )
+    if error is None and len(results) < len(writes):
+        raise RuntimeError("Postgres acknowledged fewer mails than were sent")
+    if error is not None and len(results) == len(writes):
+        raise error  # every mail committed: the failure is not one of theirs
+    return results, error

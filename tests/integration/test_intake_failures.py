@@ -6,9 +6,10 @@ from datetime import timedelta
 
 import pytest
 from pydantic import SecretStr
+from sqlalchemy import text
 
 from mailroom.adapters.imap import ImapMailbox, MemoryServer
-from mailroom.adapters.storage import StorageUnavailable
+from mailroom.adapters.storage import StorageUnavailable, put_concurrently
 from mailroom.devstack import free_port
 from mailroom.intake.audit import CURSOR_BLOCKED, UIDVALIDITY_CHANGED, UNBLOCKED
 from mailroom.intake.operations import unblock_mailbox
@@ -31,6 +32,9 @@ class PoisonStore:
         if self.poisoned and b"POISON" in data:
             raise StorageUnavailable("disk full")
         return await self.store.put(role, key, data, media_type=media_type)
+
+    async def put_many(self, requests):
+        return await put_concurrently(self, requests)
 
     async def get(self, bucket, key):
         return await self.store.get(bucket, key)
@@ -237,3 +241,51 @@ async def test_fetch_error_fails_the_batch_and_closes_the_connection(intake_env)
     assert (cursor.status, cursor.retry_count, cursor.last_uid) == ("failed", 1, 0)
     assert [box.connected for box in opened] == [False]
     assert await intake_env.mails() == []
+
+
+async def test_a_mail_postgres_refuses_mid_group_keeps_the_mails_before_it(intake_env):
+    """Each mail of a pipelined group is its own transaction: those before the refused one stay."""
+    async with intake_env.sessions() as session, session.begin():
+        await session.execute(
+            text(
+                "CREATE FUNCTION refuse_mail() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                "IF NEW.subject = 'REFUSED' AND NEW.status = 'stored' THEN "
+                "RAISE EXCEPTION 'mail refused by a check'; END IF; RETURN NEW; END $$"
+            )
+        )
+        await session.execute(
+            text(
+                "CREATE TRIGGER refuse BEFORE INSERT OR UPDATE ON inbound_mail "
+                "FOR EACH ROW EXECUTE FUNCTION refuse_mail()"
+            )
+        )
+    refused = make_mail(7, subject="REFUSED", message_id="<refused@example.com>")
+    first, second, bad, after = intake_env.append(csv_mail(1), csv_mail(2), refused, csv_mail(3))
+
+    outcome = await intake_env.poll()
+
+    assert outcome.status == "mail_failed"
+    assert "mail refused by a check" in outcome.reason
+    cursor = await intake_env.cursor()
+    assert (cursor.last_uid, cursor.status, cursor.retry_count) == (second, "failed", 1)
+    mails = await intake_env.mails()
+    assert [(m.uid, m.status) for m in mails] == [
+        (first, "stored"),
+        (second, "stored"),
+        (bad, "failed"),
+    ]
+    assert len(await intake_env.jobs()) == 2, "nothing of the refused mail or the one after it"
+    assert intake_env.nudges == [1]
+
+    async with intake_env.sessions() as session, session.begin():
+        await session.execute(text("DROP TRIGGER refuse ON inbound_mail"))
+    intake_env.clock.advance(3)
+    assert (await intake_env.poll()).status == "done"
+    mails = await intake_env.mails()
+    assert [(m.uid, m.status) for m in mails] == [
+        (first, "stored"),
+        (second, "stored"),
+        (bad, "stored"),
+        (after, "stored"),
+    ]
+    assert len(await intake_env.jobs()) == 3

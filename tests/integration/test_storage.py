@@ -10,7 +10,9 @@ from pydantic import SecretStr
 from mailroom.adapters.storage import (
     InvalidKey,
     ObjectNotFound,
+    PutRequest,
     S3Store,
+    StoredRef,
     build_store,
     content_key,
     sha256_hex,
@@ -77,3 +79,23 @@ async def test_missing_object_is_a_clear_permanent_error(store):
 async def test_unsafe_keys_are_refused(store, key):
     with pytest.raises(InvalidKey):
         await store.put("incoming", key, b"x", media_type="text/plain")
+
+
+async def test_put_many_stores_each_object_and_reports_an_unsafe_key_on_its_own(store):
+    first, second = b"first object", b"second object"
+    requests = [
+        PutRequest(
+            "mail", content_key(first, prefix="mail", suffix=".eml"), first, "message/rfc822"
+        ),
+        PutRequest("incoming", "../escape", b"x", "text/plain"),
+        PutRequest("incoming", content_key(second, prefix="attachments"), second, "text/csv"),
+    ]
+
+    stored_first, refused, stored_second = await store.put_many(requests)
+
+    assert isinstance(refused, InvalidKey)
+    assert isinstance(stored_first, StoredRef) and isinstance(stored_second, StoredRef)
+    assert stored_first.bucket == store.bucket("mail")
+    assert stored_second.sha256 == sha256_hex(second)
+    assert await store.get(stored_first.bucket, stored_first.key) == first
+    assert await store.get(stored_second.bucket, stored_second.key) == second

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import stat
 
-from mailroom.adapters.storage import FilesystemStore, content_key
+from mailroom.adapters.storage import FilesystemStore, PutRequest, StoredRef, content_key
 from mailroom.settings import StorageSettings
 
 
@@ -52,3 +52,20 @@ async def test_an_existing_complete_object_is_left_untouched(tmp_path):
 
     assert path.stat().st_ino == inode
     assert path.read_bytes() == data
+
+
+async def test_put_many_reports_a_failed_object_and_stores_the_others(tmp_path):
+    store = _store(tmp_path)
+    blocked, fine = b"cannot land", b"lands"
+    blocked_key = content_key(blocked, prefix="mail")
+    (tmp_path / store.bucket("mail") / blocked_key).mkdir(parents=True)  # a folder in the way
+    requests = [
+        PutRequest("mail", blocked_key, blocked, "message/rfc822"),
+        PutRequest("incoming", content_key(fine, prefix="attachments"), fine, "text/csv"),
+    ]
+
+    failed, stored = await store.put_many(requests)
+
+    assert isinstance(failed, OSError)
+    assert isinstance(stored, StoredRef) and stored.size == len(fine)
+    assert (tmp_path / stored.bucket / stored.key).read_bytes() == fine
