@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from mailroom.adapters.imap import FetchedMail, Mailbox
 from mailroom.adapters.storage import ObjectStore
+from mailroom.errors import LeaseLost
 from mailroom.intake.cursor import Claim, Clock, adopt_uidvalidity
 from mailroom.intake.ingest import (
     Committed,
@@ -138,9 +139,12 @@ async def _ingest_in_order(
                             await _commit_next(ctx, pg, window, result)
                 while window:
                     await _commit_next(ctx, pg, window, result)
+            except (MailFailed, LeaseLost):
+                raise  # the pipeline ended cleanly: the connection is fine for the pool
             except BaseException:
                 # Cancelled or failed mid-pipeline, the connection's protocol state is unknown:
-                # close it rather than hand it back to the pool.
+                # close it rather than hand it back to the pool. Transactions Postgres already
+                # has run on; each is whole and fenced, and the cursor row says how far they got.
                 await conn.invalidate()
                 raise
     except MailFailed as exc:

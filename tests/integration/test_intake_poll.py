@@ -8,7 +8,7 @@ import threading
 import uuid
 
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import select, text, update
 
 from mailroom.adapters.imap import ImapMailbox
 from mailroom.adapters.storage import sha256_hex
@@ -209,3 +209,47 @@ async def test_idle_wakes_up_when_a_mail_arrives(intake_env, monkeypatch):
     assert outcome.status == "done" and outcome.result.ingested == 1
     assert loop.time() - started < 10
     assert [m.subject for m in await intake_env.mails()] == ["mail 7"]
+
+
+async def test_a_batch_cancelled_while_postgres_runs_its_group_loses_and_repeats_nothing(
+    intake_env,
+):
+    async with intake_env.sessions() as session, session.begin():
+        await session.execute(
+            text(
+                "CREATE FUNCTION slow_mail() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                "IF NEW.subject = 'SLOW' THEN PERFORM pg_sleep(2); END IF; RETURN NEW; END $$"
+            )
+        )
+        await session.execute(
+            text(
+                "CREATE TRIGGER slow BEFORE INSERT ON inbound_mail "
+                "FOR EACH ROW EXECUTE FUNCTION slow_mail()"
+            )
+        )
+    slow = make_mail(9, subject="SLOW", message_id="<slow@example.com>")
+    uids = intake_env.append(csv_mail(1), csv_mail(2), slow, csv_mail(3), csv_mail(4))
+
+    async def sleeping_backends() -> int:
+        async with intake_env.sessions() as session:
+            return await session.scalar(
+                text("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep'")
+            )
+
+    task = asyncio.create_task(intake_env.poll())
+    while not await sleeping_backends():  # the group is in Postgres, at the slow mail
+        assert not task.done()
+        await asyncio.sleep(0.02)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    while await sleeping_backends():  # the abandoned backend finishes what it had
+        await asyncio.sleep(0.05)
+
+    intake_env.clock.advance(intake_env.settings.intake.lease_s + 1)
+    outcome = await intake_env.poll()
+
+    assert outcome.status == "done"
+    assert [m.uid for m in await intake_env.mails()] == uids
+    assert len(await intake_env.jobs()) == 4
+    assert (await intake_env.cursor()).last_uid == uids[-1]
