@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ssl
 import uuid
 
 import pytest
@@ -104,6 +105,69 @@ async def test_starttls_with_the_servers_ca_connects(imap_tls_server):
 
 async def test_starttls_refuses_a_certificate_it_cannot_verify(imap_tls_server):
     box = ImapMailbox(imap_tls_server.mailbox_settings("m", "INBOX", security="starttls"))
+    try:
+        with pytest.raises(MailboxUnavailable, match="SSLCertVerificationError"):
+            await box.connect()
+    finally:
+        await box.close()
+
+
+@pytest.fixture
+async def imaps_port(imap_tls_server):
+    """Implicit TLS (IMAPS) in front of pymap, which offers only STARTTLS: a relay that
+    terminates TLS with the server's certificate and passes the bytes on in the clear."""
+    cert_file, key_file = imap_tls_server.tls
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert_file, key_file)
+    pipes: set[asyncio.Task[None]] = set()
+
+    async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        except (ConnectionError, ssl.SSLError):
+            pass
+        finally:
+            writer.close()
+
+    async def relay(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        server_r, server_w = await asyncio.open_connection("127.0.0.1", imap_tls_server.port)
+        for task in (pipe(client_r, server_w), pipe(server_r, client_w)):
+            pipes.add(asyncio.create_task(task))
+
+    server = await asyncio.start_server(relay, "127.0.0.1", 0, ssl=context)
+    try:
+        yield server.sockets[0].getsockname()[1]
+    finally:
+        server.close()
+        for task in pipes:
+            task.cancel()
+        await asyncio.gather(*pipes, return_exceptions=True)
+
+
+async def test_implicit_tls_with_the_servers_ca_reads_the_folder(imap_tls_server, imaps_port):
+    cert_file, _ = imap_tls_server.tls
+    folder = f"ssl{uuid.uuid4().hex[:8]}"
+    imap_tls_server.create_folder(folder)
+    imap_tls_server.append(folder, make_mail(1), make_mail(2))
+    settings = imap_tls_server.mailbox_settings("m", folder, security="ssl", ca_file=cert_file)
+    box = ImapMailbox(settings.model_copy(update={"port": imaps_port}))
+    await box.connect()
+    try:
+        await box.select(folder)
+        uids = await box.uids_above(0)
+        fetched = await box.fetch(uids)
+        subjects = [line for m in fetched for line in m.raw.splitlines() if b"Subject:" in line]
+        assert subjects == [b"Subject: mail 1", b"Subject: mail 2"]
+        assert box._client._imap.sock.version().startswith("TLS")
+    finally:
+        await box.close()
+
+
+async def test_implicit_tls_refuses_a_certificate_it_cannot_verify(imap_tls_server, imaps_port):
+    settings = imap_tls_server.mailbox_settings("m", "INBOX", security="ssl")
+    box = ImapMailbox(settings.model_copy(update={"port": imaps_port}))
     try:
         with pytest.raises(MailboxUnavailable, match="SSLCertVerificationError"):
             await box.connect()
