@@ -21,132 +21,27 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal, cast
+from typing import Any, cast
 
-from pydantic import ValidationError
 from sqlalchemy import exc as sa_exc
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from mailroom.models import FINAL_JOB_STATUSES
 from mailroom.recognition.contracts import (
-    MSG_ID_HEADER,
     RecognitionResponse,
     ack_msg_id,
-    parse_json_object,
     result_msg_id,
 )
 from mailroom.recognition.finality import MAX_REASON_CHARS, short_repr, utcnow
+from mailroom.recognition.inbox_messages import (
+    InboxMessage,
+    InboxOutcome,
+    Parsed,
+    parse_message,
+)
 
 logger = logging.getLogger(__name__)
-
-#: Longest ``Nats-Msg-Id`` we store (the column's width).
-MAX_MSG_ID_CHARS = 200
-
-Applied = Literal[
-    "rejected",  # not JSON, not the contract, too large
-    "unknown_job",
-    "file_mismatch",
-    "ack_applied",
-    "ack_repeated",
-    "ack_unexpected",
-    "result_applied",
-    "result_duplicate",
-    "result_late",
-    "failed",  # its own transaction failed too (batch fallback only): apply it again later
-]
-
-
-@dataclass(frozen=True)
-class InboxMessage:
-    """One NATS message as the bridge forwarded it."""
-
-    subject: str
-    data: bytes
-    headers: Mapping[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class InboxOutcome:
-    """What one message did; ``map_job_id`` is set when mapping should run."""
-
-    applied: Applied
-    job_id: uuid.UUID | None = None
-    map_job_id: uuid.UUID | None = None
-    #: Why a ``failed`` message failed.
-    error: Exception | None = None
-
-
-class InvalidMessage(ValueError):
-    """The body is not a contract message (never retried)."""
-
-
-def check_size(data: bytes, *, max_bytes: int) -> bool:
-    return len(data) <= max_bytes
-
-
-def parse_response(data: bytes) -> RecognitionResponse:
-    """The contract message in ``data``; raises ``InvalidMessage`` with a loggable reason."""
-    try:
-        body = parse_json_object(data)
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-        raise InvalidMessage("not a JSON object", None) from exc
-    job_id = body.get("job_id")
-    try:
-        response = RecognitionResponse.model_validate(body)
-    except ValidationError as exc:
-        fields = sorted({str(e["loc"][0]) for e in exc.errors() if e["loc"]})[:5]
-        raise InvalidMessage(f"not the contract ({', '.join(fields)})", job_id) from exc
-    if response.status in ("done", "needs_check") and response.result_s3 is None:
-        raise InvalidMessage(f"{response.status} without result_s3", job_id)
-    return response
-
-
-def _header(headers: Mapping[str, str], name: str) -> str | None:
-    for key, value in headers.items():
-        if key.lower() == name.lower():
-            return value
-    return None
-
-
-@dataclass(frozen=True)
-class _Parsed:
-    subject: str
-    response: RecognitionResponse
-    msg_id: str | None
-
-
-def _parse(message: InboxMessage, *, max_bytes: int) -> _Parsed | InboxOutcome:
-    """The parsed message, or its ``rejected`` outcome (warned without the body)."""
-    subject, data = message.subject, message.data
-    if not check_size(data, max_bytes=max_bytes):
-        logger.warning(
-            "Rejected recognition message on %r: %d bytes exceeds %d", subject, len(data), max_bytes
-        )
-        return InboxOutcome("rejected")
-    try:
-        response = parse_response(data)
-    except InvalidMessage as exc:
-        reason, job_id = exc.args
-        logger.warning(
-            "Rejected recognition message on %r (%d bytes, job_id %s): %s",
-            subject,
-            len(data),
-            short_repr(job_id),
-            reason,
-        )
-        return InboxOutcome("rejected")
-    msg_id = _header(message.headers, MSG_ID_HEADER)
-    if msg_id is not None and len(msg_id) > MAX_MSG_ID_CHARS:
-        logger.warning(
-            "Rejected recognition message on %r for job %s: Nats-Msg-Id too long (%d chars)",
-            subject,
-            response.job_id,
-            len(msg_id),
-        )
-        return InboxOutcome("rejected", response.job_id)
-    return _Parsed(subject, response, msg_id)
-
 
 # The columns an answer may change; the batch reads them under the lock and writes them back.
 _LOCK_JOBS = text(
@@ -260,7 +155,7 @@ class _Batch:
             logger.log(level, message, *args)
 
 
-def _apply_one(batch: _Batch, jobs: dict[uuid.UUID, _Job], parsed: _Parsed, now: datetime) -> None:
+def _apply_one(batch: _Batch, jobs: dict[uuid.UUID, _Job], parsed: Parsed, now: datetime) -> None:
     """One message's rules against the locked rows (DESIGN.md §5, Inbox)."""
     response = parsed.response
     job = jobs.get(response.job_id)
@@ -421,7 +316,7 @@ _WRITTEN = (
 
 
 async def _apply_in_one_transaction(
-    sessions: async_sessionmaker[AsyncSession], parsed: Sequence[_Parsed], now: datetime
+    sessions: async_sessionmaker[AsyncSession], parsed: Sequence[Parsed], now: datetime
 ) -> _Batch:
     batch = _Batch()
     ids = sorted({p.response.job_id for p in parsed})
@@ -479,9 +374,9 @@ async def apply_recognition_messages(
     """
     now = now or utcnow()
     outcomes: list[InboxOutcome | None] = []
-    parsed: list[tuple[int, _Parsed]] = []
+    parsed: list[tuple[int, Parsed]] = []
     for index, message in enumerate(messages):
-        checked = _parse(message, max_bytes=max_bytes)
+        checked = parse_message(message, max_bytes=max_bytes)
         if isinstance(checked, InboxOutcome):
             outcomes.append(checked)
         else:
@@ -507,7 +402,7 @@ async def apply_recognition_messages(
 
 
 async def _apply_one_by_one(
-    sessions: async_sessionmaker[AsyncSession], parsed: Sequence[_Parsed], now: datetime
+    sessions: async_sessionmaker[AsyncSession], parsed: Sequence[Parsed], now: datetime
 ) -> list[InboxOutcome]:
     applied: list[InboxOutcome] = []
     first_error: Exception | None = None

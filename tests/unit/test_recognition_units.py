@@ -20,7 +20,7 @@ from mailroom.adapters.nats import (
 )
 from mailroom.recognition.contracts import RecognitionResult
 from mailroom.recognition.finality import short_repr
-from mailroom.recognition.inbox import InvalidMessage, parse_response
+from mailroom.recognition.inbox_messages import InvalidMessage, parse_response
 from mailroom.recognition.mapping import judge
 from mailroom.recognition.outbox import request_subject
 from mailroom.settings import NatsSettings, RecognitionSettings, Settings

@@ -1,0 +1,129 @@
+"""Inbox messages before the database: size, JSON, the contract, the message id.
+
+Every check runs outside a transaction; a message that fails one is
+``rejected`` with a warning that names the subject, size and reason, never the
+body (it may carry document content).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pydantic import ValidationError
+
+from mailroom.recognition.contracts import MSG_ID_HEADER, RecognitionResponse, parse_json_object
+from mailroom.recognition.finality import short_repr
+
+# The inbox's logger: operators filter one name for everything the inbox rejects or applies.
+logger = logging.getLogger("mailroom.recognition.inbox")
+
+#: Longest ``Nats-Msg-Id`` we store (the column's width).
+MAX_MSG_ID_CHARS = 200
+
+Applied = Literal[
+    "rejected",  # not JSON, not the contract, too large
+    "unknown_job",
+    "file_mismatch",
+    "ack_applied",
+    "ack_repeated",
+    "ack_unexpected",
+    "result_applied",
+    "result_duplicate",
+    "result_late",
+    "failed",  # its own transaction failed too (batch fallback only): apply it again later
+]
+
+
+@dataclass(frozen=True)
+class InboxMessage:
+    """One NATS message as the bridge forwarded it."""
+
+    subject: str
+    data: bytes
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class InboxOutcome:
+    """What one message did; ``map_job_id`` is set when mapping should run."""
+
+    applied: Applied
+    job_id: uuid.UUID | None = None
+    map_job_id: uuid.UUID | None = None
+    #: Why a ``failed`` message failed.
+    error: Exception | None = None
+
+
+class InvalidMessage(ValueError):
+    """The body is not a contract message (never retried)."""
+
+
+def check_size(data: bytes, *, max_bytes: int) -> bool:
+    return len(data) <= max_bytes
+
+
+def parse_response(data: bytes) -> RecognitionResponse:
+    """The contract message in ``data``; raises ``InvalidMessage`` with a loggable reason."""
+    try:
+        body = parse_json_object(data)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise InvalidMessage("not a JSON object", None) from exc
+    job_id = body.get("job_id")
+    try:
+        response = RecognitionResponse.model_validate(body)
+    except ValidationError as exc:
+        fields = sorted({str(e["loc"][0]) for e in exc.errors() if e["loc"]})[:5]
+        raise InvalidMessage(f"not the contract ({', '.join(fields)})", job_id) from exc
+    if response.status in ("done", "needs_check") and response.result_s3 is None:
+        raise InvalidMessage(f"{response.status} without result_s3", job_id)
+    return response
+
+
+def header(headers: Mapping[str, str], name: str) -> str | None:
+    for key, value in headers.items():
+        if key.lower() == name.lower():
+            return value
+    return None
+
+
+@dataclass(frozen=True)
+class Parsed:
+    subject: str
+    response: RecognitionResponse
+    msg_id: str | None
+
+
+def parse_message(message: InboxMessage, *, max_bytes: int) -> Parsed | InboxOutcome:
+    """The parsed message, or its ``rejected`` outcome (warned without the body)."""
+    subject, data = message.subject, message.data
+    if not check_size(data, max_bytes=max_bytes):
+        logger.warning(
+            "Rejected recognition message on %r: %d bytes exceeds %d", subject, len(data), max_bytes
+        )
+        return InboxOutcome("rejected")
+    try:
+        response = parse_response(data)
+    except InvalidMessage as exc:
+        reason, job_id = exc.args
+        logger.warning(
+            "Rejected recognition message on %r (%d bytes, job_id %s): %s",
+            subject,
+            len(data),
+            short_repr(job_id),
+            reason,
+        )
+        return InboxOutcome("rejected")
+    msg_id = header(message.headers, MSG_ID_HEADER)
+    if msg_id is not None and len(msg_id) > MAX_MSG_ID_CHARS:
+        logger.warning(
+            "Rejected recognition message on %r for job %s: Nats-Msg-Id too long (%d chars)",
+            subject,
+            response.job_id,
+            len(msg_id),
+        )
+        return InboxOutcome("rejected", response.job_id)
+    return Parsed(subject, response, msg_id)
