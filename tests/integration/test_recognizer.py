@@ -22,12 +22,8 @@ from mailroom.recognition.contracts import (
     ack_msg_id,
     result_msg_id,
 )
-from mailroom.recognition.reference import (
-    RecognizerFaults,
-    ReferenceRecognizer,
-    result_key,
-    service_version,
-)
+from mailroom.recognition.reference import ReferenceRecognizer, result_key, service_version
+from mailroom.recognition.reference_faults import RecognizerFaults
 from mailroom.settings import RecognizerSettings
 
 pytestmark = pytest.mark.integration
