@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import getpass
+import os
+import socket
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -9,6 +12,24 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from mailroom.db import create_engine, create_sessionmaker, transaction
 from mailroom.models import AuditEvent
 from mailroom.settings import Settings
+
+#: ``actor_type`` of what an operator did through the CLI; ``actor_id`` is ``operator_id()``.
+OPERATOR = "operator"
+#: ``actor_type`` of what the pipelines did on their own; ``actor_id`` is ``worker_id()``.
+SYSTEM = "system"
+
+
+def operator_id() -> str:
+    """The OS user running the command, or ``uid-N`` where there is no passwd entry."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry and no LOGNAME/USER (containers)
+        return f"uid-{os.getuid()}"
+
+
+def worker_id() -> str:
+    """``host-pid`` of this process, the actor of system events."""
+    return f"{socket.gethostname()}-{os.getpid()}"
 
 
 def add_audit_event(

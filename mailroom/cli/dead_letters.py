@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import getpass
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -22,7 +21,7 @@ from dramatiq import Message
 from rich.console import Console
 from rich.table import Table
 
-from mailroom.audit import record_audit_event
+from mailroom.audit import OPERATOR, operator_id, record_audit_event
 from mailroom.settings import Settings
 
 #: Message options that describe the failed run, not the message.
@@ -150,8 +149,8 @@ def _audit(settings: Settings, action: str, detail: dict[str, Any]) -> None:
     asyncio.run(
         record_audit_event(
             settings,
-            actor_type="cli",
-            actor_id=getpass.getuser(),
+            actor_type=OPERATOR,
+            actor_id=operator_id(),
             action=action,
             target="dramatiq.dead_letters",
             detail=detail,

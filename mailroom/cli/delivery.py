@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import getpass
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -13,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from mailroom.audit import operator_id
 from mailroom.db import create_engine, create_sessionmaker, transaction
 from mailroom.settings import Settings
 
@@ -99,7 +99,7 @@ def replay(
             sessions=sessions,
             redis=client,
             settings=settings.delivery,
-            actor_id=f"cli:{getpass.getuser()}",
+            actor_id=operator_id(),
             message_id=message_id,
             status=status,
             limit=limit,

@@ -8,7 +8,6 @@ and nudges the outbox publisher so the new requests go out at once.
 from __future__ import annotations
 
 import asyncio
-import getpass
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
@@ -23,6 +22,7 @@ from rich.table import Table
 from sqlalchemy import Interval, func, select, type_coerce
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from mailroom.audit import OPERATOR, operator_id
 from mailroom.db import create_engine, create_sessionmaker, transaction
 from mailroom.models import FILE_STATUSES, JOB_STATUSES, PIPELINES, RecognitionJob, StoredFile
 from mailroom.recognition.replay import (
@@ -38,7 +38,6 @@ logger = logging.getLogger(__name__)
 app = typer.Typer(no_args_is_help=True, help="Operate the recognition pipeline.")
 
 #: Who a replay from this command is recorded as.
-ACTOR_TYPE = "cli"
 
 T = TypeVar("T")
 
@@ -150,20 +149,20 @@ def replay(
         except ValueError as exc:
             raise typer.BadParameter(f"{job[:60]!r} is not a job id", param_hint="--job") from exc
     settings = Settings()
-    actor_id = _os_user()
+    actor_id = operator_id()
 
     async def run_replay(session: AsyncSession) -> list[ReplayedJob]:
         if job_id is not None:
             return [
                 await replay_job(
-                    session, job_id, actor_type=ACTOR_TYPE, actor_id=actor_id, reason=reason
+                    session, job_id, actor_type=OPERATOR, actor_id=actor_id, reason=reason
                 )
             ]
         return await replay_jobs_by_status(
             session,
             str(job_status),
             limit=limit,
-            actor_type=ACTOR_TYPE,
+            actor_type=OPERATOR,
             actor_id=actor_id,
             reason=reason,
         )
@@ -181,7 +180,7 @@ def replay(
             f"replayed job {item.old_job_id} ({item.previous_status}) as {item.new_job_id}, "
             f"attempt {item.attempt}, file {item.file_id}"
         )
-    typer.echo(f"{len(replayed)} job(s) queued by {ACTOR_TYPE}:{actor_id}")
+    typer.echo(f"{len(replayed)} job(s) queued by {actor_id}")
     _nudge_publisher()
 
 
@@ -192,13 +191,6 @@ async def _with_session(settings: Settings, work: Callable[[AsyncSession], Await
             return await work(session)
     finally:
         await engine.dispose()
-
-
-def _os_user() -> str:
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):  # no passwd entry and no LOGNAME/USER (containers)
-        return "unknown"
 
 
 def _nudge_publisher() -> None:

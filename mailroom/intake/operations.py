@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from mailroom.audit import OPERATOR, operator_id
 from mailroom.db import transaction
 from mailroom.errors import PermanentError
 from mailroom.intake import audit
@@ -164,8 +165,8 @@ async def _audit_operator(
         action,
         target=audit.cursor_target(cursor.mailbox, cursor.folder),
         detail=detail,
-        actor_type="operator",
-        actor_id=operator or audit.operator_id(),
+        actor_type=OPERATOR,
+        actor_id=operator or operator_id(),
     )
 
 

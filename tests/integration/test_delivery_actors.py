@@ -14,6 +14,7 @@ from actors.delivery import (
     readd_pending_deliveries,
     recover_stale_deliveries,
 )
+from mailroom.audit import operator_id
 from mailroom.cli import app as mailroom_app
 from mailroom.cli.delivery import notify
 from mailroom.settings import DatabaseSettings, RedisSettings, Settings, WebhookAccount
@@ -140,5 +141,5 @@ def test_cli_notify_status_and_replay(settings, monkeypatch, database_url):
     assert "not replayable" in result.output
     with psycopg.connect(dsn, autocommit=True) as conn:
         assert conn.execute("SELECT status FROM channel_message").fetchone() == ("pending",)
-        actions = conn.execute("SELECT action, actor_id FROM audit_event").fetchall()
-    assert actions[0][0] == "delivery.replayed" and actions[0][1].startswith("cli:")
+        actions = conn.execute("SELECT action, actor_type, actor_id FROM audit_event").fetchall()
+    assert actions[0] == ("delivery.replayed", "operator", operator_id())

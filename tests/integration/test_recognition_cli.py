@@ -117,7 +117,7 @@ def test_replay_one_job_creates_the_next_attempt_audits_it_and_nudges_the_publis
     assert file is not None
     assert file.current_recognition_job_id == new.id
     audit = db.scalars(sqlalchemy.select(AuditEvent)).one()
-    assert (audit.actor_type, audit.actor_id) == ("cli", getpass.getuser())
+    assert (audit.actor_type, audit.actor_id) == ("operator", getpass.getuser())
     assert audit.action == "recognition.replayed"
     assert audit.detail["reason"] == "service fixed"
     assert outbox_messages(stub_broker) == 1
@@ -134,7 +134,7 @@ def test_replay_by_status_respects_the_limit(db, stub_broker):
     assert result.exit_code == 0, result.output
     assert f"replayed job {oldest.id} (timeout)" in result.output
     assert str(newer.id) not in result.output
-    assert "1 job(s) queued by cli:" in result.output
+    assert f"1 job(s) queued by {getpass.getuser()}" in result.output
     queued = db.scalars(
         sqlalchemy.select(RecognitionJob).where(RecognitionJob.status == "queued")
     ).all()
