@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import logging
+import os
+
 import dramatiq
 from dramatiq.brokers.stub import StubBroker
 from dramatiq.middleware import (
@@ -20,6 +23,8 @@ from actors.resources import ResourcesMiddleware
 from actors.retry_policy import RetryPolicies, RetryPolicy
 from actors.sentry_tags import SentryTags
 from mailroom.settings import Settings
+
+logger = logging.getLogger(__name__)
 
 
 def build_middleware(settings: Settings) -> list[dramatiq.Middleware]:
@@ -44,15 +49,35 @@ def build_middleware(settings: Settings) -> list[dramatiq.Middleware]:
     if broker_settings.kind == "redis":
         middleware.append(RedisMaintenance(interval_s=broker_settings.maintenance_interval_s))
     if broker_settings.prometheus:
-        from dramatiq.middleware.prometheus import Prometheus
-
-        middleware.append(
-            Prometheus(
-                http_host=broker_settings.prometheus_host,
-                http_port=broker_settings.prometheus_port,
-            )
-        )
+        middleware.append(prometheus_middleware(settings))
     return middleware
+
+
+def prometheus_middleware(settings: Settings) -> dramatiq.Middleware:
+    """Dramatiq's exporter on ``broker.prometheus_host``/``_port``.
+
+    The middleware takes no arguments: its module reads the address from the
+    environment when it is first imported, so the settings go there first.
+    """
+    broker_settings = settings.broker
+    wanted = {
+        "dramatiq_prom_host": broker_settings.prometheus_host,
+        "dramatiq_prom_port": str(broker_settings.prometheus_port),
+    }
+    os.environ.update(wanted)
+    from dramatiq.middleware import prometheus
+
+    serving = {
+        "dramatiq_prom_host": prometheus.HTTP_HOST,
+        "dramatiq_prom_port": str(prometheus.HTTP_PORT),
+    }
+    if serving != wanted:
+        logger.warning(
+            "The Prometheus exporter was imported before the settings applied; it serves on %s:%s",
+            prometheus.HTTP_HOST,
+            prometheus.HTTP_PORT,
+        )
+    return prometheus.Prometheus()
 
 
 def build_broker(settings: Settings) -> dramatiq.Broker:

@@ -60,7 +60,8 @@ def process_specs() -> list[tuple[str, list[str]]]:
     """Every Mailroom process, as (name, command line)."""
     python = sys.executable
     return [
-        ("worker", [python, "-m", "dramatiq", "actors", "--processes", "1", "--threads", "8"]),
+        # ``mailroom worker`` execs ``dramatiq actors`` after preparing its environment.
+        ("worker", [python, "-m", "mailroom", "worker", "--processes", "1", "--threads", "8"]),
         ("bridge-nats", [python, "-m", "mailroom", "bridge", "nats"]),
         ("bridge-stream", [python, "-m", "mailroom", "bridge", "stream"]),
         ("scheduler", [python, "-m", "mailroom", "scheduler"]),

@@ -61,7 +61,12 @@ def worker(
 
     # Dramatiq reads its idle poll period from the environment when it starts.
     os.environ.setdefault("dramatiq_worker_timeout", str(WORKER_POLL_MS))
-    if Settings().broker.prometheus:
+    broker = Settings().broker
+    if broker.prometheus:
+        # Dramatiq's exporter runs in a process forked from its main process, which never
+        # imports the actors: it finds its address only in the environment.
+        os.environ["dramatiq_prom_host"] = broker.prometheus_host
+        os.environ["dramatiq_prom_port"] = str(broker.prometheus_port)
         # Domain counters of the worker processes join Dramatiq's multiprocess exporter only
         # when prometheus-client sees the folder before it is first imported.
         from dramatiq.middleware.prometheus import DB_PATH

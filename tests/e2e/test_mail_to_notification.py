@@ -7,9 +7,12 @@ duplicate side effect: the webhook sink sees each Idempotency-Key once.
 
 from __future__ import annotations
 
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from mailroom.devseed import invoice_mails
+from mailroom.devstack import free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -37,10 +40,37 @@ def _assert_each_mail_once(system, mails: int) -> None:
     assert len({number for (number,) in invoices}) == mails
 
 
-def test_fifty_mails_become_documents_and_delivered_notifications(make_system):
-    system = make_system()
+def _worker_metrics(port: int) -> dict[str, float]:
+    """The worker's Prometheus exposition as {sample with labels: value}."""
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+            samples[f"{sample.name}{{{labels}}}"] = sample.value
+    return samples
+
+
+def test_fifty_mails_become_documents_and_delivered_notifications(make_system, tmp_path):
+    metrics_port = free_port()
+    system = make_system(
+        MAILROOM_BROKER__PROMETHEUS="true",
+        MAILROOM_BROKER__PROMETHEUS_PORT=str(metrics_port),
+        dramatiq_prom_db=str(tmp_path / "prometheus"),  # this test's own multiprocess folder
+    )
     system.start_all()
     system.append(*invoice_mails(1, MAILS))
     took = system.wait_for("50 mails delivered", lambda: _done(system, MAILS), timeout_s=180)
     _assert_each_mail_once(system, MAILS)
     print(f"{MAILS} mails → documents → notifications in {took:.1f}s")
+
+    # The worker's exporter joins Dramatiq's counters and the delivery pipeline's own.
+    metrics = _worker_metrics(metrics_port)
+    assert metrics["mailroom_delivery_delivered_total{channel=webhook}"] == MAILS
+    assert metrics["mailroom_delivery_delivered_total{channel=log}"] == MAILS
+    delivered_by_dramatiq = [
+        value
+        for name, value in metrics.items()
+        if name.startswith("dramatiq_messages_total{") and "actor_name=deliver_channel" in name
+    ]
+    assert delivered_by_dramatiq and sum(delivered_by_dramatiq) >= 1
