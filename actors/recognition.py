@@ -19,6 +19,7 @@ from actors.retry_policy import RetryPolicy
 from mailroom.adapters.nats import NatsPublishFailed, NatsUnavailable
 from mailroom.recognition import inbox, mapping, outbox, watchdog
 from mailroom.recognition.finality import short_repr
+from mailroom.recognition.inbox_messages import InboxMessage
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +60,7 @@ async def publish_recognition_requests() -> None:
         publish_recognition_requests.send()
 
 
-def _inbox_message(subject: Any, data: Any, headers: Any) -> inbox.InboxMessage | None:
+def _inbox_message(subject: Any, data: Any, headers: Any) -> InboxMessage | None:
     """The bridge's (subject, base64 body, headers) decoded; ``None`` (warned) when malformed."""
     try:
         body = base64.b64decode(data, validate=True)
@@ -70,7 +71,7 @@ def _inbox_message(subject: Any, data: Any, headers: Any) -> inbox.InboxMessage 
         return None
     if not isinstance(headers, dict):
         headers = {}
-    return inbox.InboxMessage(str(subject), body, {str(k): str(v) for k, v in headers.items()})
+    return InboxMessage(str(subject), body, {str(k): str(v) for k, v in headers.items()})
 
 
 @dramatiq.actor(queue_name=queues.INBOX, retry_policy=RetryPolicy(max_attempts=20))
@@ -104,7 +105,7 @@ async def apply_recognition_messages(messages: list[dict[str, Any]]) -> None:
     sent on as its own ``apply_recognition_message``, so it retries alone.
     """
     encoded: list[str] = []
-    decoded: list[inbox.InboxMessage] = []
+    decoded: list[InboxMessage] = []
     for item in messages if isinstance(messages, list) else [messages]:
         if not isinstance(item, dict):
             logger.warning("Rejected recognition batch item: not an object")
@@ -131,9 +132,7 @@ async def apply_recognition_messages(messages: list[dict[str, Any]]) -> None:
     await asyncio.to_thread(_send_inbox_followups, map_job_ids, failed)
 
 
-def _send_inbox_followups(
-    map_job_ids: list[str], failed: list[tuple[inbox.InboxMessage, str]]
-) -> None:
+def _send_inbox_followups(map_job_ids: list[str], failed: list[tuple[InboxMessage, str]]) -> None:
     for job_id in map_job_ids:
         map_recognition_result.send(job_id)
     for message, data in failed:

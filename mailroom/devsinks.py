@@ -111,7 +111,7 @@ class _SmtpHandler:
         from email import message_from_bytes, policy
 
         message = message_from_bytes(envelope.content, policy=policy.default)
-        plain = message.get_body(("plain",))  # type: ignore[attr-defined]
+        plain = message.get_body(("plain",))
         item = self.record.add(
             Received(
                 key=str(message.get("Message-ID", "")),

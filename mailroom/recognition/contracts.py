@@ -18,8 +18,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = "1.0"
-RESULT_SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION: Literal["1.0"] = "1.0"
+RESULT_SCHEMA_VERSION: Literal["1.0"] = "1.0"
 MSG_ID_HEADER = "Nats-Msg-Id"
 #: Counters are stored as 32-bit integers.
 MAX_COUNTER = 2**31 - 1
