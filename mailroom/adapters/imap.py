@@ -69,6 +69,10 @@ class Mailbox(Protocol):
         """Every UID greater than ``uid``, ascending."""
         ...
 
+    async def larger_than(self, uids: list[int], size: int) -> set[int]:
+        """Those of ``uids`` whose RFC822.SIZE is over ``size`` (lets fetches be bounded in bytes)."""
+        ...
+
     async def fetch(self, uids: list[int]) -> list[FetchedMail]:
         """The messages of ``uids`` that still exist, in UID order."""
         ...
@@ -189,6 +193,14 @@ class ImapMailbox:
         found = await self._call("UID SEARCH", self._require().search, ["UID", f"{uid + 1}:*"])
         return filter_uids_above([int(u) for u in found], uid)
 
+    async def larger_than(self, uids: list[int], size: int) -> set[int]:
+        if not uids:
+            return set()
+        # SEARCH, not FETCH RFC822.SIZE: one short command, and servers answer it from metadata.
+        criteria = ["UID", f"{min(uids)}:{max(uids)}", "LARGER", str(size)]
+        found = await self._call("UID SEARCH LARGER", self._require().search, criteria)
+        return {int(u) for u in found} & set(uids)
+
     async def fetch(self, uids: list[int]) -> list[FetchedMail]:
         if not uids:
             return []
@@ -304,6 +316,11 @@ class InMemoryMailbox:
         if not found and self._folder.messages:
             found = [max(self._folder.messages)]  # the real servers' ``N:*`` quirk
         return filter_uids_above(found, uid)
+
+    async def larger_than(self, uids: list[int], size: int) -> set[int]:
+        assert self._folder is not None
+        messages = self._folder.messages
+        return {u for u in uids if u in messages and len(messages[u].raw) > size}
 
     async def fetch(self, uids: list[int]) -> list[FetchedMail]:
         assert self._folder is not None

@@ -1,11 +1,13 @@
 """One batch of a leased mailbox: connect, SELECT, read new UIDs, ingest each in order.
 
-The next FETCH chunk is read while the current one is ingested. Mails go in
-groups (``commit_group``): a group is parsed and its objects stored while the
-group before it commits. Commits stay one transaction per mail, in UID order,
-each fenced on the lease; a group's transactions are pipelined to Postgres in
-one round trip. The IMAP connection is closed on every exit, and a failure to
-close never replaces the error that ended the batch.
+The next FETCH chunk (bounded in mails and in bytes, by SEARCH LARGER) is read
+while the current one is ingested. Mails go in groups (``commit_group``, also
+bounded in bytes): a group is parsed and its objects stored while the group
+before it commits. Commits stay one transaction per mail, in UID order, each
+fenced on the lease; a group's transactions are pipelined to Postgres in one
+round trip. So a poll holds two chunks and three groups of mail at most. The
+IMAP connection is closed on every exit, and a failure to close never replaces
+the error that ended the batch.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
@@ -106,9 +108,17 @@ async def _read_folder(ctx: BatchContext, connection: Mailbox) -> BatchResult:
 async def _ingest_in_order(
     ctx: BatchContext, connection: Mailbox, uids: list[int], result: BatchResult
 ) -> None:
-    size = max(1, ctx.intake.fetch_chunk)
-    chunks = [uids[i : i + size] for i in range(0, len(uids), size)]
-    group_size = max(1, ctx.intake.commit_group)
+    count, most = max(1, ctx.intake.fetch_chunk), ctx.intake.fetch_chunk_bytes
+    # A full chunk of mails up to ``share`` bytes each stays within ``most``; bigger mails are
+    # fetched alone. The server says which are bigger: no mail is measured here.
+    share = max(1, most // count)
+    big = await connection.larger_than(uids, share)
+    chunks = bounded_runs(
+        uids,
+        lambda uid: most if uid in big else share,
+        max_items=count,
+        max_bytes=most,
+    )
     window: deque[asyncio.Task[PreparedGroup]] = deque()
     fetching: asyncio.Task[list[FetchedMail]] | None = asyncio.create_task(
         connection.fetch(chunks[0])
@@ -131,8 +141,13 @@ async def _ingest_in_order(
                         if index + 1 < len(chunks)
                         else None
                     )
-                    for start in range(0, len(mails), group_size):
-                        group = mails[start : start + group_size]
+                    groups = bounded_runs(
+                        mails,
+                        lambda mail: len(mail.raw),
+                        max_items=ctx.intake.commit_group,
+                        max_bytes=GROUP_BYTES,
+                    )
+                    for group in groups:
                         prepare = prepare_group(group, store=ctx.store, limits=ctx.limits)
                         window.append(asyncio.create_task(prepare))
                         if len(window) > GROUPS_AHEAD:
@@ -166,6 +181,32 @@ async def _ingest_in_order(
 
 #: Groups parsed and stored ahead of the one being committed (commits stay in UID order).
 GROUPS_AHEAD = 2
+#: Most bytes of mail in one commit group (a bigger mail is a group of its own).
+GROUP_BYTES = 16 * 1024 * 1024
+
+T = TypeVar("T")
+
+
+def bounded_runs(
+    items: list[T], size_of: Callable[[T], int], *, max_items: int, max_bytes: int
+) -> list[list[T]]:
+    """``items`` in order, cut into runs of at most ``max_items`` and ``max_bytes``.
+
+    An item bigger than ``max_bytes`` is a run of its own; no run is empty.
+    """
+    runs: list[list[T]] = []
+    run: list[T] = []
+    run_bytes = 0
+    for item in items:
+        size = size_of(item)
+        if run and (len(run) >= max(1, max_items) or run_bytes + size > max_bytes):
+            runs.append(run)
+            run, run_bytes = [], 0
+        run.append(item)
+        run_bytes += size
+    if run:
+        runs.append(run)
+    return runs
 
 
 def _engine(sessions: async_sessionmaker[AsyncSession]) -> AsyncEngine:

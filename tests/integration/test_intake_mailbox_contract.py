@@ -59,6 +59,23 @@ async def test_mailbox_reads_new_uids_in_order_and_fetches_them(mailbox_with_thr
         await box.close()
 
 
+async def test_larger_than_names_the_mails_over_a_size(mailbox_with_three_mails):
+    box, _ = mailbox_with_three_mails
+    await box.connect()
+    try:
+        await box.select(box.settings.folder)
+        uids = await box.uids_above(0)
+        sizes = {m.uid: len(m.raw) for m in await box.fetch(uids)}
+        smallest = min(sizes.values())
+        assert await box.larger_than(uids, smallest - 1) == set(uids)
+        assert await box.larger_than(uids, max(sizes.values())) == set()
+        bigger = {uid for uid, size in sizes.items() if size > smallest}
+        assert await box.larger_than(uids, smallest) == bigger
+        assert await box.larger_than(uids[:1], 0) == {uids[0]}, "only the UIDs asked about"
+    finally:
+        await box.close()
+
+
 async def test_idle_times_out_quietly_when_nothing_arrives(imap_server, imap_folder):
     box = ImapMailbox(imap_server.mailbox_settings("m", imap_folder))
     await box.connect()

@@ -253,3 +253,20 @@ async def test_a_batch_cancelled_while_postgres_runs_its_group_loses_and_repeats
     assert [m.uid for m in await intake_env.mails()] == uids
     assert len(await intake_env.jobs()) == 4
     assert (await intake_env.cursor()).last_uid == uids[-1]
+
+
+async def test_fetches_are_cut_by_bytes_and_every_mail_still_arrives_in_order(intake_env):
+    intake_env.settings.intake.fetch_chunk_bytes = 1  # every mail is bigger: one per FETCH
+    uids = intake_env.append(*(csv_mail(n) for n in range(4)))
+    fetched: list[list[int]] = []
+
+    class Recording(ImapMailbox):
+        async def fetch(self, wanted):
+            fetched.append(list(wanted))
+            return await super().fetch(wanted)
+
+    assert (await intake_env.poll(connect=Recording)).status == "done"
+
+    assert fetched == [[uid] for uid in uids]
+    assert [m.uid for m in await intake_env.mails()] == uids
+    assert len(await intake_env.jobs()) == 4

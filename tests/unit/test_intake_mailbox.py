@@ -16,6 +16,7 @@ from mailroom.adapters.imap import (
     filter_uids_above,
 )
 from mailroom.errors import PermanentError, RetryableError
+from mailroom.intake.batch import bounded_runs
 from mailroom.settings import MailboxSettings
 
 
@@ -69,3 +70,11 @@ async def test_fake_mailbox_fails_like_the_real_one():
     server.down = True
     with pytest.raises(MailboxUnavailable):
         await box.connect()
+
+
+def test_runs_are_bounded_by_count_and_bytes_and_never_empty():
+    sizes = {"a": 5, "b": 5, "c": 20, "d": 1, "e": 1, "f": 1}
+    runs = bounded_runs(list(sizes), sizes.__getitem__, max_items=2, max_bytes=10)
+    assert runs == [["a", "b"], ["c"], ["d", "e"], ["f"]]
+    assert bounded_runs([], len, max_items=3, max_bytes=10) == []
+    assert bounded_runs(["x", "y"], len, max_items=0, max_bytes=10) == [["x"], ["y"]]
