@@ -108,17 +108,7 @@ async def _read_folder(ctx: BatchContext, connection: Mailbox) -> BatchResult:
 async def _ingest_in_order(
     ctx: BatchContext, connection: Mailbox, uids: list[int], result: BatchResult
 ) -> None:
-    count, most = max(1, ctx.intake.fetch_chunk), ctx.intake.fetch_chunk_bytes
-    # A full chunk of mails up to ``share`` bytes each stays within ``most``; bigger mails are
-    # fetched alone. The server says which are bigger: no mail is measured here.
-    share = max(1, most // count)
-    big = await connection.larger_than(uids, share)
-    chunks = bounded_runs(
-        uids,
-        lambda uid: most if uid in big else share,
-        max_items=count,
-        max_bytes=most,
-    )
+    chunks = await _fetch_chunks(ctx.intake, connection, uids)
     window: deque[asyncio.Task[PreparedGroup]] = deque()
     fetching: asyncio.Task[list[FetchedMail]] | None = asyncio.create_task(
         connection.fetch(chunks[0])
@@ -177,6 +167,20 @@ async def _ingest_in_order(
             for leftover in pending:
                 if not leftover.cancelled():
                     leftover.exception()  # retrieved: the error that counts is already raised
+
+
+async def _fetch_chunks(
+    intake: IntakeSettings, connection: Mailbox, uids: list[int]
+) -> list[list[int]]:
+    """``uids`` cut into FETCH commands of at most ``fetch_chunk`` mails and ``fetch_chunk_bytes``."""
+    count, most = max(1, intake.fetch_chunk), intake.fetch_chunk_bytes
+    # A full chunk of mails up to ``share`` bytes each stays within ``most``; bigger mails are
+    # fetched alone. The server says which are bigger: no mail is measured here.
+    share = max(1, most // count)
+    big = await connection.larger_than(uids, share) if len(uids) > 1 else set()
+    return bounded_runs(
+        uids, lambda uid: most if uid in big else share, max_items=count, max_bytes=most
+    )
 
 
 #: Groups parsed and stored ahead of the one being committed (commits stay in UID order).
