@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -125,16 +126,10 @@ async def test_each_message_of_a_batch_gets_its_own_outcome(
 
 
 async def test_a_lost_lock_stops_only_that_messages_send(
-    delivery_sessions, keys, delivery_settings, outbound
+    deliverer, delivery_sessions, keys, outbound
 ):
-    settings = delivery_settings.model_copy(update={"lock_ttl_ms": 300})
-    deliverer = Deliverer(
-        sessions=delivery_sessions,
-        redis=keys,
-        outbound=outbound,
-        settings=settings,
-        owner=LockOwner("worker-a", started_at=1.0),
-    )
+    settings = deliverer.settings.model_copy(update={"lock_ttl_ms": 300})
+    deliverer = dataclasses.replace(deliverer, settings=settings)
     slow = await make_message(delivery_sessions)
     lost = await make_message(delivery_sessions)
     outbound.delays = {slow: 0.6, lost: 2.0}
@@ -151,16 +146,10 @@ async def test_a_lost_lock_stops_only_that_messages_send(
 
 
 async def test_a_message_is_claimed_only_when_its_turn_to_send_comes(
-    delivery_sessions, keys, delivery_settings, outbound
+    deliverer, delivery_sessions, keys, outbound
 ):
-    settings = delivery_settings.model_copy(update={"batch_concurrency": 1})
-    deliverer = Deliverer(
-        sessions=delivery_sessions,
-        redis=keys,
-        outbound=outbound,
-        settings=settings,
-        owner=LockOwner("worker-a", started_at=1.0),
-    )
+    settings = deliverer.settings.model_copy(update={"batch_concurrency": 1})
+    deliverer = dataclasses.replace(deliverer, settings=settings)
     first = await make_message(delivery_sessions)
     second = await make_message(delivery_sessions)
     seen: list[tuple[int, str, int]] = []
@@ -200,16 +189,10 @@ async def test_batch_lock_operations_take_extend_and_settle_many_at_once(keys):
 
 
 async def test_a_message_is_locked_only_when_its_turn_comes(
-    delivery_sessions, keys, delivery_settings, outbound
+    deliverer, delivery_sessions, keys, outbound
 ):
-    settings = delivery_settings.model_copy(update={"batch_concurrency": 1})
-    deliverer = Deliverer(
-        sessions=delivery_sessions,
-        redis=keys,
-        outbound=outbound,
-        settings=settings,
-        owner=LockOwner("worker-a", started_at=1.0),
-    )
+    settings = deliverer.settings.model_copy(update={"batch_concurrency": 1})
+    deliverer = dataclasses.replace(deliverer, settings=settings)
     first = await make_message(delivery_sessions)
     waiting = await make_message(delivery_sessions)
     outbound.delays = {first: 0.3}

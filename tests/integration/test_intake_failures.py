@@ -6,7 +6,6 @@ from datetime import timedelta
 
 import pytest
 from pydantic import SecretStr
-from sqlalchemy import text
 
 from mailroom.adapters.imap import ImapMailbox, MemoryServer
 from mailroom.adapters.storage import StorageUnavailable, put_concurrently
@@ -245,20 +244,12 @@ async def test_fetch_error_fails_the_batch_and_closes_the_connection(intake_env)
 
 async def test_a_mail_postgres_refuses_mid_group_keeps_the_mails_before_it(intake_env):
     """Each mail of a pipelined group is its own transaction: those before the refused one stay."""
-    async with intake_env.sessions() as session, session.begin():
-        await session.execute(
-            text(
-                "CREATE FUNCTION refuse_mail() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
-                "IF NEW.subject = 'REFUSED' AND NEW.status = 'stored' THEN "
-                "RAISE EXCEPTION 'mail refused by a check'; END IF; RETURN NEW; END $$"
-            )
-        )
-        await session.execute(
-            text(
-                "CREATE TRIGGER refuse BEFORE INSERT OR UPDATE ON inbound_mail "
-                "FOR EACH ROW EXECUTE FUNCTION refuse_mail()"
-            )
-        )
+    await intake_env.add_mail_trigger(
+        "refuse_mail",
+        "IF NEW.subject = 'REFUSED' AND NEW.status = 'stored' THEN "
+        "RAISE EXCEPTION 'mail refused by a check'; END IF;",
+        events="INSERT OR UPDATE",
+    )
     refused = make_mail(7, subject="REFUSED", message_id="<refused@example.com>")
     first, second, bad, after = intake_env.append(csv_mail(1), csv_mail(2), refused, csv_mail(3))
 
@@ -277,8 +268,7 @@ async def test_a_mail_postgres_refuses_mid_group_keeps_the_mails_before_it(intak
     assert len(await intake_env.jobs()) == 2, "nothing of the refused mail or the one after it"
     assert intake_env.nudges == [1]
 
-    async with intake_env.sessions() as session, session.begin():
-        await session.execute(text("DROP TRIGGER refuse ON inbound_mail"))
+    await intake_env.drop_mail_trigger("refuse_mail")
     intake_env.clock.advance(3)
     assert (await intake_env.poll()).status == "done"
     mails = await intake_env.mails()

@@ -214,19 +214,9 @@ async def test_idle_wakes_up_when_a_mail_arrives(intake_env, monkeypatch):
 async def test_a_batch_cancelled_while_postgres_runs_its_group_loses_and_repeats_nothing(
     intake_env,
 ):
-    async with intake_env.sessions() as session, session.begin():
-        await session.execute(
-            text(
-                "CREATE FUNCTION slow_mail() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
-                "IF NEW.subject = 'SLOW' THEN PERFORM pg_sleep(2); END IF; RETURN NEW; END $$"
-            )
-        )
-        await session.execute(
-            text(
-                "CREATE TRIGGER slow BEFORE INSERT ON inbound_mail "
-                "FOR EACH ROW EXECUTE FUNCTION slow_mail()"
-            )
-        )
+    await intake_env.add_mail_trigger(
+        "slow_mail", "IF NEW.subject = 'SLOW' THEN PERFORM pg_sleep(2); END IF;"
+    )
     slow = make_mail(9, subject="SLOW", message_id="<slow@example.com>")
     uids = intake_env.append(csv_mail(1), csv_mail(2), slow, csv_mail(3), csv_mail(4))
 
