@@ -14,7 +14,7 @@ fmt: ## Format and autofix
 lint: ## Ruff, formatting and migration drift
 	uv run ruff check .
 	uv run ruff format --check .
-	uv run python -m mailroom.ci_checks alembic-check
+	uv run python -m mailroom.devtools.ci_checks alembic-check
 
 test: ## The whole test suite (starts its own servers)
 	uv run pytest

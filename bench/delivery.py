@@ -1,6 +1,6 @@
 """Delivery benchmark: end-to-end delivery vs a no-op actor, and the stream bridge vs a bare loop.
 
-Runs on embedded Postgres and Redis (``mailroom.devstack``) with Dramatiq's
+Runs on embedded Postgres and Redis (``mailroom.devtools.stack``) with Dramatiq's
 RedisBroker. Workers are one ``dramatiq actors`` pool per configuration
 (processes x threads 1x8 and 2x8) consuming both the ``system`` and the
 ``delivery`` queue, so both measurements run on the same worker processes:
@@ -41,7 +41,7 @@ import redis
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mailroom.devstack import EmbeddedPostgres, EmbeddedRedis  # noqa: E402
+from mailroom.devtools.stack import EmbeddedPostgres, EmbeddedRedis  # noqa: E402
 from mailroom.migrate import upgrade  # noqa: E402
 
 #: Longest any one measurement may take before the run is declared stuck, in seconds.
@@ -82,7 +82,7 @@ class Bench:
             "MAILROOM_DATABASE__POOL_SIZE": "10",
             "MAILROOM_REDIS__URL": self.redis_server.url,
             "MAILROOM_BROKER__KIND": "redis",
-            "MAILROOM_LOG_LEVEL": "WARNING",
+            "MAILROOM_LOG__LEVEL": "WARNING",
             "MAILROOM_STATE_DIR": str(state / "mailroom"),
         }
         os.environ.update(self.env)  # this process builds the same broker

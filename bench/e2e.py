@@ -31,11 +31,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mailroom.devimap import DEMO_PASSWORD, DEMO_USER, ImapServer  # noqa: E402
-from mailroom.devseed import build_mail, invoice_csv  # noqa: E402
-from mailroom.devsinks import WebhookSink  # noqa: E402
-from mailroom.devstack import EmbeddedNats, EmbeddedPostgres, EmbeddedRedis  # noqa: E402
-from mailroom.devsystem import System, system_env  # noqa: E402
+from mailroom.devtools.imap import DEMO_PASSWORD, DEMO_USER, ImapServer  # noqa: E402
+from mailroom.devtools.seed import build_mail, invoice_csv  # noqa: E402
+from mailroom.devtools.sinks import WebhookSink  # noqa: E402
+from mailroom.devtools.stack import EmbeddedNats, EmbeddedPostgres, EmbeddedRedis  # noqa: E402
+from mailroom.devtools.system import System, system_env  # noqa: E402
 from mailroom.migrate import upgrade  # noqa: E402
 
 
@@ -188,7 +188,7 @@ def main() -> None:
                 MAILROOM_DELIVERY__ROUTES=json.dumps(
                     [{"channel": "webhook", "recipient": "bench", "subject": "{mail_subject}"}]
                 ),
-                MAILROOM_LOG_LEVEL="WARNING",
+                MAILROOM_LOG__LEVEL="WARNING",
             )
             (base / "logs").mkdir()
             from mailroom.db import libpq_dsn

@@ -1,6 +1,6 @@
 """Intake throughput next to a raw IMAP fetch of the same mails, measured in one run.
 
-Starts an embedded Postgres (``mailroom.devstack``) and a pymap server (its
+Starts an embedded Postgres (``mailroom.devtools.stack``) and a pymap server (its
 in-memory dict backend, as a child process), APPENDs small mails with one CSV
 attachment each into a fresh folder, then measures, in rounds:
 
@@ -36,7 +36,7 @@ from imapclient import IMAPClient
 from mailroom.adapters.imap import ImapMailbox
 from mailroom.adapters.storage import build_store
 from mailroom.db import create_engine, create_sessionmaker
-from mailroom.devstack import EmbeddedPostgres, _wait_for_port, find_binary, free_port
+from mailroom.devtools.stack import EmbeddedPostgres, _wait_for_port, find_binary, free_port
 from mailroom.intake.cursor import utc_now
 from mailroom.intake.poll import IntakeDeps, poll_mailbox
 from mailroom.migrate import upgrade

@@ -1,6 +1,6 @@
 """Recognition benchmark: the outbox publisher vs a one-job relay, the inbox vs a no-op actor.
 
-Runs on embedded Postgres, NATS and Redis (``mailroom.devstack``, Postgres with
+Runs on embedded Postgres, NATS and Redis (``mailroom.devtools.stack``, Postgres with
 fsync off for both sides alike), migrated fresh:
 
 * outbox: 20,000 queued jobs (never fewer). (a) a one-job-per-transaction relay
@@ -41,7 +41,7 @@ import psycopg
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mailroom.devstack import EmbeddedNats, EmbeddedPostgres, EmbeddedRedis  # noqa: E402
+from mailroom.devtools.stack import EmbeddedNats, EmbeddedPostgres, EmbeddedRedis  # noqa: E402
 from mailroom.migrate import upgrade  # noqa: E402
 
 #: The outbox part never runs on fewer queued jobs than this.
@@ -369,7 +369,7 @@ def main() -> int:
             env.update(
                 {
                     "MAILROOM_STATE_DIR": str(state),
-                    "MAILROOM_LOG_LEVEL": "WARNING",
+                    "MAILROOM_LOG__LEVEL": "WARNING",
                     "MAILROOM_DATABASE__URL": postgres.url(),
                     "MAILROOM_DATABASE__POOL_SIZE": "10",
                     "MAILROOM_REDIS__URL": redis_server.url,

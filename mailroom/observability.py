@@ -26,7 +26,7 @@ REDACTED = "[redacted]"
 
 def setup_process(settings: Settings, *, process: str) -> None:
     """Configure logging, Sentry (when a DSN is set) and tags for ``process``."""
-    logging.basicConfig(level=settings.log_level.upper(), format=LOG_FORMAT)
+    logging.basicConfig(level=settings.log.level, format=LOG_FORMAT)
     install_log_scrubber(settings)
     if settings.sentry.dsn is not None:
         init_sentry(settings, process=process)

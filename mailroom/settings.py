@@ -46,6 +46,9 @@ class BrokerSettings(BaseModel):
     #: Default retry backoff for actors without their own policy, in milliseconds.
     retry_min_backoff_ms: int = 1_000
     retry_max_backoff_ms: int = 300_000
+    #: How often an idle Dramatiq consumer looks for work, in milliseconds (Dramatiq: 1000).
+    #: Every actor hop of a mail can wait this long, so Dramatiq's default alone adds seconds.
+    worker_poll_ms: int = 100
     prometheus: bool = False
     prometheus_host: str = "127.0.0.1"
     prometheus_port: int = 9191
@@ -266,6 +269,12 @@ class SentrySettings(BaseModel):
     traces_sample_rate: float = 0.0
 
 
+class LogSettings(BaseModel):
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
+    #: ``text``: one readable line per event; ``json``: one JSON object per line.
+    format: Literal["text", "json"] = "text"
+
+
 class MetricsSettings(BaseModel):
     host: str = "127.0.0.1"
     #: Port of the bridges' and scheduler's metrics endpoint; 0 disables it.
@@ -279,7 +288,7 @@ class Settings(BaseSettings):
 
     #: Folder for the dev stack's data and the filesystem object store.
     state_dir: Path = Path(".mailroom")
-    log_level: str = "INFO"
+    log: LogSettings = LogSettings()
     database: DatabaseSettings = DatabaseSettings()
     redis: RedisSettings = RedisSettings()
     broker: BrokerSettings = BrokerSettings()

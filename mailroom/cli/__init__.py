@@ -57,11 +57,9 @@ def worker(
     if queues:
         args += ["--queues", *queues]
     args += list(ctx.args)
-    from mailroom.dev import WORKER_POLL_MS
-
-    # Dramatiq reads its idle poll period from the environment when it starts.
-    os.environ.setdefault("dramatiq_worker_timeout", str(WORKER_POLL_MS))
     broker = Settings().broker
+    # Dramatiq reads its idle poll period from the environment when it starts.
+    os.environ.setdefault("dramatiq_worker_timeout", str(broker.worker_poll_ms))
     if broker.prometheus:
         # Dramatiq's exporter runs in a process forked from its main process, which never
         # imports the actors: it finds its address only in the environment.
@@ -120,7 +118,7 @@ def dev(
     smtp_port: int = typer.Option(DEV_SMTP_PORT, help="Port of the local SMTP sink."),
 ) -> None:
     """Run the whole system on embedded services; Ctrl+C stops everything."""
-    from mailroom.dev import run_dev
+    from mailroom.devtools.dev import run_dev
 
     raise typer.Exit(
         run_dev(state_dir=state_dir, seed=seed, webhook_port=webhook_port, smtp_port=smtp_port)

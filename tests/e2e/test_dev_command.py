@@ -14,8 +14,8 @@ import time
 import psycopg
 import pytest
 
-from mailroom.devseed import sample_mails
-from mailroom.devstack import free_port
+from mailroom.devtools.seed import sample_mails
+from mailroom.devtools.stack import free_port
 from mailroom.migrate import PROJECT_ROOT
 
 pytestmark = pytest.mark.e2e

@@ -11,8 +11,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from mailroom.devseed import invoice_mails
-from mailroom.devstack import free_port
+from mailroom.devtools.seed import invoice_mails
+from mailroom.devtools.stack import free_port
 
 pytestmark = pytest.mark.e2e
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from mailroom.devseed import invoice_mails
+from mailroom.devtools.seed import invoice_mails
 
 pytestmark = pytest.mark.faults
 

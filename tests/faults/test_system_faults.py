@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from mailroom.devseed import invoice_mails
+from mailroom.devtools.seed import invoice_mails
 from scheduling.leader import current_leader
 
 pytestmark = pytest.mark.faults

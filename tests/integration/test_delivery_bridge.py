@@ -20,7 +20,7 @@ from mailroom.adapters.redis import DeliveryRedis
 from mailroom.delivery.contracts import decode_entry
 from mailroom.delivery.deliver import Deliverer, Outcome
 from mailroom.delivery.locks import LockOwner
-from mailroom.devstack import EmbeddedRedis
+from mailroom.devtools.stack import EmbeddedRedis
 from tests.fixtures.delivery import ScriptedOutbound, load_message, make_message
 
 pytestmark = pytest.mark.integration

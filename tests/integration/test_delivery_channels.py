@@ -21,7 +21,7 @@ from mailroom.adapters.redis import DeliveryRedis
 from mailroom.delivery.deliver import Deliverer, DeliveryDeferred, Outcome
 from mailroom.delivery.locks import LockOwner
 from mailroom.delivery.ports import Envelope
-from mailroom.devstack import free_port
+from mailroom.devtools.stack import free_port
 from mailroom.errors import RateLimited
 from mailroom.settings import EmailAccount, RateLimit, WebhookAccount
 from tests.fixtures.delivery import HttpReply, load_message, make_message

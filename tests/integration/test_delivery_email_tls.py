@@ -12,8 +12,8 @@ from aiosmtpd.smtp import AuthResult
 
 from mailroom.adapters.channels import ChannelOutbound, ChannelRejected
 from mailroom.delivery.ports import Envelope
-from mailroom.devimap import self_signed_certificate
-from mailroom.devstack import free_port
+from mailroom.devtools.imap import self_signed_certificate
+from mailroom.devtools.stack import free_port
 from mailroom.settings import DeliverySettings, EmailAccount
 from tests.fixtures.delivery import SmtpSinkHandler
 

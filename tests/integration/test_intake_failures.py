@@ -9,7 +9,7 @@ from pydantic import SecretStr
 
 from mailroom.adapters.imap import ImapMailbox, MemoryServer
 from mailroom.adapters.storage import StorageUnavailable, put_concurrently
-from mailroom.devstack import free_port
+from mailroom.devtools.stack import free_port
 from mailroom.intake.audit import CURSOR_BLOCKED, UIDVALIDITY_CHANGED, UNBLOCKED
 from mailroom.intake.operations import unblock_mailbox
 from tests.fixtures.imap import csv_mail, make_mail

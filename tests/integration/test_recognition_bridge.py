@@ -20,7 +20,7 @@ from actors import queues
 from actors.recognition import apply_recognition_messages
 from bridges.nats import NatsBridge
 from mailroom.adapters.nats import NatsClient
-from mailroom.devstack import EmbeddedNats, free_port
+from mailroom.devtools.stack import EmbeddedNats, free_port
 from tests.fixtures.recognition import make_settings
 
 pytestmark = pytest.mark.integration

@@ -6,7 +6,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from mailroom.devstack import EmbeddedPostgres
+from mailroom.devtools.stack import EmbeddedPostgres
 from mailroom.migrate import check, upgrade
 
 

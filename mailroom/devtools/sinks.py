@@ -16,7 +16,7 @@ from typing import Any
 
 from aiosmtpd.controller import Controller
 
-from mailroom.devstack import free_port
+from mailroom.devtools.stack import free_port
 
 Announce = Callable[[str], None]
 

@@ -19,19 +19,18 @@ from rich.console import Console
 from rich.table import Table
 
 from mailroom.db import libpq_dsn
-from mailroom.devimap import ImapServer
-from mailroom.devseed import sample_mails
-from mailroom.devsinks import SmtpSink, WebhookSink
-from mailroom.devstack import EmbeddedNats, EmbeddedPostgres, EmbeddedRedis, ServerStartError
+from mailroom.devtools.imap import ImapServer
+from mailroom.devtools.seed import sample_mails
+from mailroom.devtools.sinks import SmtpSink, WebhookSink
+from mailroom.devtools.stack import EmbeddedNats, EmbeddedPostgres, EmbeddedRedis, ServerStartError
+from mailroom.devtools.supervisor import Child, Supervisor
 from mailroom.migrate import PROJECT_ROOT, upgrade
-from mailroom.settings import DEV_SMTP_PORT, DEV_WEBHOOK_PORT, Settings
-from mailroom.supervisor import Child, Supervisor
+from mailroom.settings import DEV_SMTP_PORT, DEV_WEBHOOK_PORT, BrokerSettings, Settings
 
 logger = logging.getLogger(__name__)
 
-#: How often an idle Dramatiq consumer looks for work, in milliseconds (Dramatiq: 1000).
-#: Every actor hop of a mail can wait this long, so the default alone adds seconds.
-WORKER_POLL_MS = 100
+#: How often an idle Dramatiq consumer of the dev processes looks for work, in milliseconds.
+WORKER_POLL_MS = BrokerSettings().worker_poll_ms
 
 
 def _port(url: str) -> int:

@@ -18,11 +18,11 @@ from typing import Any
 
 import psycopg
 
-from mailroom.dev import WORKER_POLL_MS, process_specs
-from mailroom.devimap import DEMO_PASSWORD, DEMO_USER, ImapServer
-from mailroom.devsinks import WebhookSink
+from mailroom.devtools.dev import WORKER_POLL_MS, process_specs
+from mailroom.devtools.imap import DEMO_PASSWORD, DEMO_USER, ImapServer
+from mailroom.devtools.sinks import WebhookSink
+from mailroom.devtools.supervisor import Child, Supervisor
 from mailroom.migrate import PROJECT_ROOT
-from mailroom.supervisor import Child, Supervisor
 
 
 class SystemTimeout(AssertionError):
@@ -120,7 +120,7 @@ def system_env(
         dramatiq_worker_timeout=str(WORKER_POLL_MS),
         PYTHONPATH=str(PROJECT_ROOT),
         PYTHONUNBUFFERED="1",
-        MAILROOM_LOG_LEVEL="INFO",
+        MAILROOM_LOG__LEVEL="INFO",
         MAILROOM_STATE_DIR=str(state_dir),
         MAILROOM_DATABASE__URL=database_url,
         MAILROOM_REDIS__URL=redis_url,

@@ -20,7 +20,7 @@ from typing import Any
 from imapclient import IMAPClient
 from pydantic import SecretStr
 
-from mailroom.devstack import free_port
+from mailroom.devtools.stack import free_port
 from mailroom.settings import MailboxSettings
 
 DEMO_USER = "demouser"
