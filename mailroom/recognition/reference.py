@@ -390,11 +390,15 @@ def _parse_request(subject: str, data: bytes) -> RecognitionRequest | None:
 
 def run(settings: Settings) -> int:
     """Serve until SIGTERM/SIGINT, then drain and return 0 (1 if NATS went away)."""
+    from mailroom.observability import start_metrics_server
+
     try:
         faults = RecognizerFaults.from_settings(settings.recognizer)
     except ValueError as exc:
         logger.error("recognizer: %s", exc)
         return 2
+    # Like the bridges: the endpoint is what a container healthcheck asks.
+    start_metrics_server(settings)
     return asyncio.run(_serve(settings, faults))
 
 
