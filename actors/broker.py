@@ -18,10 +18,12 @@ from dramatiq.middleware import (
     TimeLimit,
 )
 
+from actors.dead_letters import DeadLetters
 from actors.maintenance import RedisMaintenance
 from actors.resources import ResourcesMiddleware
 from actors.retry_policy import RetryPolicies, RetryPolicy
 from actors.sentry_tags import SentryTags
+from mailroom.observability import secret_values
 from mailroom.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -35,6 +37,8 @@ def build_middleware(settings: Settings) -> list[dramatiq.Middleware]:
         ShutdownNotifications(),
         Callbacks(),
         Pipelines(),
+        # Before RetryPolicies: ``after_*`` hooks run in reverse, so it sees the verdict.
+        DeadLetters(secrets=secret_values(settings)),
         RetryPolicies(
             default=RetryPolicy(
                 base_ms=broker_settings.retry_min_backoff_ms,

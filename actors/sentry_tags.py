@@ -1,4 +1,4 @@
-"""Tags each message's Sentry scope with its actor, queue and the id it works on."""
+"""Tags each message's Sentry scope with its actor, queue and the record it works on."""
 
 from __future__ import annotations
 
@@ -11,8 +11,25 @@ from dramatiq.broker import MessageProxy
 ID_TAGS = {
     "poll_mailbox": "mailbox",
     "map_recognition_result": "job_id",
-    "deliver_channel_message": "message_id",
+    "deliver_channel_message": "channel_message_id",
+    "deliver_channel_messages": "channel_message_ids",
 }
+#: Longest tag value Sentry keeps, in characters.
+TAG_CHARS = 200
+
+
+def message_tags(message: Any) -> dict[str, str]:
+    """The actor, queue, Dramatiq message id and record id of ``message`` (never its payload)."""
+    tags = {
+        "actor": message.actor_name,
+        "queue": message.queue_name,
+        "message_id": message.message_id,
+    }
+    tag = ID_TAGS.get(message.actor_name)
+    args: Any = message.args
+    if tag is not None and args:
+        tags[tag] = str(args[0])[:TAG_CHARS]
+    return tags
 
 
 class SentryTags(Middleware):
@@ -23,10 +40,4 @@ class SentryTags(Middleware):
 
         if not sentry_sdk.get_client().is_active():
             return
-        sentry_sdk.set_tag("actor", message.actor_name)
-        sentry_sdk.set_tag("queue", message.queue_name)
-        sentry_sdk.set_tag("message_id", message.message_id)
-        tag = ID_TAGS.get(message.actor_name)
-        args: Any = message.args
-        if tag is not None and args:
-            sentry_sdk.set_tag(tag, str(args[0])[:200])
+        sentry_sdk.set_tags(message_tags(message))

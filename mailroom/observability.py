@@ -7,6 +7,7 @@ Dramatiq integration patches the broker class when it is initialised.
 from __future__ import annotations
 
 import logging
+import os
 import re
 from collections.abc import Iterable
 from typing import Any
@@ -23,11 +24,21 @@ SENSITIVE_KEYS = re.compile(r"pass|secret|token|auth|body|cookie|dsn|key", re.IG
 URL_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^:/@\s]*:)(?P<secret>[^@\s]+)(?=@)", re.I)
 REDACTED = "[redacted]"
 
+#: The pid that ran ``setup_process`` (a forked child runs it again).
+_set_up_in: int | None = None
+
 
 def setup_process(settings: Settings, *, process: str) -> None:
-    """Configure logging, Sentry (when a DSN is set) and tags for ``process``."""
-    logging.basicConfig(level=settings.log.level, format=LOG_FORMAT)
-    install_log_scrubber(settings)
+    """Configure logging, Sentry (when a DSN is set) and tags for ``process``, once.
+
+    The first call in a process wins: bridges and the scheduler import ``actors``
+    (which sets up a worker) after the CLI set them up under their own name.
+    """
+    global _set_up_in
+    if _set_up_in == os.getpid():
+        return
+    _set_up_in = os.getpid()
+    configure_logging(settings, process=process)
     if settings.sentry.dsn is not None:
         init_sentry(settings, process=process)
 
@@ -112,6 +123,28 @@ def _message_label(value: object) -> object:
     return value
 
 
+def configure_logging(settings: Settings, *, process: str) -> None:
+    """Level, format (text or JSON), process context and scrubbing on every root handler.
+
+    Dramatiq's worker processes already have a root handler (writing to the pipe
+    their parent reads) when they import the actors: ``basicConfig`` leaves it in
+    place, so the format is set on whatever handlers the root has.
+    """
+    from mailroom.log_format import CurrentStderrHandler, JsonLogFormatter, ProcessName
+
+    handler = CurrentStderrHandler()
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    logging.basicConfig(level=settings.log.level, handlers=[handler])
+    logging.getLogger().setLevel(settings.log.level)
+    for handler in logging.getLogger().handlers:
+        for old in [f for f in handler.filters if isinstance(f, ProcessName)]:
+            handler.removeFilter(old)
+        handler.addFilter(ProcessName(process))
+        if settings.log.format == "json":
+            handler.setFormatter(JsonLogFormatter())
+    install_log_scrubber(settings)
+
+
 def install_log_scrubber(settings: Settings) -> SecretScrubber:
     """Scrub every handler of the root logger (so every line this process writes)."""
     scrubber = SecretScrubber(secret_values(settings))
@@ -144,7 +177,7 @@ def make_before_send(settings: Settings) -> Any:
 def init_sentry(settings: Settings, *, process: str, transport: Any = None) -> None:
     import sentry_sdk
     from sentry_sdk.integrations.dramatiq import DramatiqIntegration
-    from sentry_sdk.integrations.logging import LoggingIntegration
+    from sentry_sdk.integrations.logging import LoggingIntegration, ignore_logger
 
     assert settings.sentry.dsn is not None
     options: dict[str, Any] = {}
@@ -164,7 +197,11 @@ def init_sentry(settings: Settings, *, process: str, transport: Any = None) -> N
         before_breadcrumb=_scrub_breadcrumb(settings),
         **options,
     )
-    sentry_sdk.set_tag("process", process)
+    # The global scope: every thread's events carry it, however its scope was forked.
+    sentry_sdk.get_global_scope().set_tag("process", process)
+    # The Dramatiq integration reports a failed message inside its scope (with its tags)
+    # and actors.dead_letters the one given up; the worker's error line would be one more.
+    ignore_logger("dramatiq.worker.WorkerThread")
 
 
 def _scrub_breadcrumb(settings: Settings) -> Any:

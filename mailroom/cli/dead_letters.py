@@ -24,9 +24,11 @@ from rich.table import Table
 from mailroom.audit import OPERATOR, operator_id, record_audit_event
 from mailroom.settings import Settings
 
+#: Why the worker gave the message up (``actors.dead_letters`` stores it with the message).
+REASON_OPTION = "dead_letter_reason"
 #: Message options that describe the failed run, not the message.
 DROPPED_OPTIONS = frozenset(
-    {"retries", "traceback", "redis_message_id", "eta", "requeue_timestamp"}
+    {"retries", "traceback", "redis_message_id", "eta", "requeue_timestamp", REASON_OPTION}
 )
 
 app = typer.Typer(no_args_is_help=True, help="Inspect, replay or purge Dramatiq dead letters.")
@@ -59,6 +61,12 @@ def _last_line(traceback: str | None) -> str:
     return lines[-1][:200] if lines else ""
 
 
+def _error(options: dict[str, Any]) -> str:
+    """The stored reason; messages dead-lettered before reasons were kept show their traceback."""
+    reason = options.get(REASON_OPTION)
+    return str(reason)[:200] if reason else _last_line(options.get("traceback"))
+
+
 def list_dead_letters(
     settings: Settings, *, queue: str | None = None, limit: int = 100
 ) -> list[DeadLetter]:
@@ -82,7 +90,7 @@ def list_dead_letters(
                         actor_name=message.actor_name,
                         failed_at=datetime.fromtimestamp(score / 1000, UTC),
                         retries=int(message.options.get("retries", 0)),
-                        error=_last_line(message.options.get("traceback")),
+                        error=_error(message.options),
                     )
                 )
     finally:

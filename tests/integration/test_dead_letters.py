@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import time
+
+import dramatiq
 import psycopg
 import pytest
 import redis
 from dramatiq import Message
 from dramatiq.brokers.redis import RedisBroker
+from dramatiq.middleware import CurrentMessage
 from typer.testing import CliRunner
 
+from actors.dead_letters import DeadLetters
+from actors.retry_policy import RetryPolicies, RetryPolicy
 from mailroom.cli import app
 from mailroom.db import libpq_dsn
+from mailroom.errors import PermanentError, RetryableError
 
 pytestmark = pytest.mark.integration
 
@@ -80,3 +87,44 @@ def test_list_replay_and_purge(cli_env, redis_url, database_url):
     with psycopg.connect(libpq_dsn(database_url)) as conn:
         actions = [row[0] for row in conn.execute("SELECT action FROM audit_event ORDER BY id")]
     assert actions == ["dramatiq.dead_letters_replayed", "dramatiq.dead_letters_purged"]
+
+
+def test_list_shows_why_a_real_worker_gave_each_message_up(cli_env, redis_url):
+    """Permanent failures and exhausted retries: the reason the worker stored, scrubbed."""
+    secret = "Sentinel-Pa55word-9120"
+    broker = RedisBroker(
+        url=redis_url,
+        middleware=[DeadLetters(secrets=[secret]), RetryPolicies(), CurrentMessage()],
+    )
+
+    @dramatiq.actor(broker=broker, queue_name="delivery", actor_name="deliver_channel_message")
+    def deliver(message_id: int) -> None:
+        raise PermanentError(f"unknown route for {BODY!r}; token {secret}")
+
+    @dramatiq.actor(
+        broker=broker,
+        queue_name="delivery",
+        actor_name="deliver_channel_messages",
+        retry_policy=RetryPolicy(base_ms=1, cap_ms=5, jitter=0, max_attempts=2),
+    )
+    def deliver_many(message_ids: list[int]) -> None:
+        raise RetryableError("webhook answered 503")
+
+    worker = dramatiq.Worker(broker, worker_timeout=50)
+    worker.start()
+    try:
+        deliver.send(1)
+        deliver_many.send([2, 3])
+        deadline = time.monotonic() + 30
+        while broker.client.zcard("dramatiq:delivery.XQ") < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        worker.stop()
+        broker.close()
+
+    listed = CliRunner().invoke(app, ["dead-letters", "list"])
+    assert listed.exit_code == 0, listed.output
+    rows = {line.split("│")[3].strip(): line for line in listed.output.splitlines() if "│" in line}
+    assert "PermanentError: unknown route for" in rows["deliver_channel_message"]
+    assert "RetryableError: webhook answered 503" in rows["deliver_channel_messages"]
+    assert secret not in listed.output

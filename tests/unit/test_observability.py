@@ -10,12 +10,11 @@ import dramatiq
 import pytest
 import sentry_sdk
 from pydantic import SecretStr
-from sentry_sdk.transport import Transport
 
 from actors.broker import build_broker
 from actors.retry_policy import RetryPolicy
 from mailroom.errors import PermanentError, RetryableError
-from mailroom.observability import SecretScrubber, init_sentry, scrub_text, secret_values
+from mailroom.observability import SecretScrubber, scrub_text, secret_values
 from mailroom.settings import (
     BrokerSettings,
     DatabaseSettings,
@@ -24,23 +23,10 @@ from mailroom.settings import (
     SentrySettings,
     Settings,
 )
+from tests.sentry_events import capturing_sentry
 
 SENTINEL = "Sentinel-Pa55word-7731"
 BODY = "Dear customer, the secret mail body"
-
-
-class CapturingTransport(Transport):
-    def __init__(self, options=None):
-        super().__init__(options)
-        self.events: list[dict] = []
-        self.check_ins: list[dict] = []
-
-    def capture_envelope(self, envelope):
-        for item in envelope.items:
-            if item.headers.get("type") == "event":
-                self.events.append(json.loads(item.payload.get_bytes()))
-            elif item.headers.get("type") == "check_in":
-                self.check_ins.append(json.loads(item.payload.get_bytes()))
 
 
 @pytest.fixture
@@ -48,18 +34,21 @@ def settings():
     return Settings(
         broker=BrokerSettings(kind="stub"),
         database=DatabaseSettings(url=f"postgresql+psycopg://app:{SENTINEL}@db.internal/mailroom"),
-        intake=IntakeSettings(mailboxes=[MailboxSettings(name="m", password=SecretStr(SENTINEL))]),
+        intake=IntakeSettings(
+            mailboxes=[
+                MailboxSettings(
+                    name="m", host="imap.test", username="u", password=SecretStr(SENTINEL)
+                )
+            ]
+        ),
         sentry=SentrySettings(dsn=SecretStr("https://public@sentry.invalid/1")),
     )
 
 
 @pytest.fixture
 def transport(settings):
-    transport = CapturingTransport()
-    init_sentry(settings, process="test", transport=transport)
-    yield transport
-    sentry_sdk.get_client().close()
-    sentry_sdk.init()  # disabled client for the rest of the session
+    with capturing_sentry(settings) as transport:
+        yield transport
 
 
 def test_secret_values_are_found_in_nested_settings(settings):
@@ -71,9 +60,7 @@ def test_url_passwords_are_removed_from_text():
     assert SENTINEL not in scrub_text(text, [])
 
 
-def test_unexpected_actor_error_is_one_scrubbed_event_and_expected_ones_are_none(
-    settings, transport
-):
+def test_each_given_up_message_is_one_scrubbed_event_with_its_tags(settings, transport):
     broker = build_broker(settings)  # built after Sentry: the integration hooks in
 
     @dramatiq.actor(
@@ -113,7 +100,7 @@ def test_unexpected_actor_error_is_one_scrubbed_event_and_expected_ones_are_none
     errors = [e for e in transport.events if e.get("level") == "error" and e.get("exception")]
     kinds = [e["exception"]["values"][-1]["type"] for e in errors]
     assert "RuntimeError" in kinds
-    assert "PermanentError" not in kinds and "RetryableError" not in kinds
+    assert sorted(kinds) == ["PermanentError", "RuntimeError", "RuntimeError"]
     crash_event = next(e for e in errors if e["tags"].get("actor") == "sentry_crash")
     assert crash_event["exception"]["values"][-1]["type"] == "RuntimeError"
     assert crash_event["tags"]["queue"] == "sentry_probe"
