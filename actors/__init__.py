@@ -11,6 +11,7 @@ import dramatiq
 import dramatiq.broker
 
 from actors.broker import build_broker
+from actors.log_context import install_message_context
 from mailroom.settings import Settings
 
 if dramatiq.broker.global_broker is None:
@@ -22,3 +23,6 @@ if dramatiq.broker.global_broker is None:
 
 # Actor modules register on the broker set above.
 from actors import delivery, intake, recognition, system  # noqa: F401
+
+# Log lines written while a message runs name its actor and id (the JSON format shows them).
+install_message_context()
