@@ -25,8 +25,13 @@ def create_engine(settings: DatabaseSettings) -> AsyncEngine:
         # its server fails the statement, SQLAlchemy drops the pool, and the actor retries.
         pool_pre_ping=False,
         pool_recycle=1800,
+        # Statement parameters carry mail data and document fields: errors and logs
+        # (and so Sentry) show the SQL only.
+        hide_parameters=True,
         connect_args={
-            "options": f"-c statement_timeout={settings.statement_timeout_ms} -c timezone=UTC"
+            "options": f"-c statement_timeout={settings.statement_timeout_ms} -c timezone=UTC",
+            # An unroutable host otherwise hangs for the OS's TCP timeout (minutes).
+            "connect_timeout": settings.connect_timeout_s,
         },
     )
 
