@@ -209,8 +209,11 @@ def _intake_round(database_url: str, port: int, state_dir: Path, n: int, count: 
     name = f"bench-{n}"
     mailbox = MailboxSettings(
         name=name,
+        host="127.0.0.1",
         port=port,
+        security="plain",
         username=USER,
+        password=PASSWORD,
         folder=FOLDER,
         batch_size=count + 10,
         idle=False,

@@ -91,6 +91,7 @@ def route_matches(route: NotificationRoute, summary: MailSummary) -> bool:
 
 def render_route(route: NotificationRoute, summary: MailSummary) -> tuple[str, str]:
     """Subject and body of ``route`` for ``summary`` (templates come from settings)."""
+    # NOTE: these names are ROUTE_PLACEHOLDERS in settings, which checks templates at load.
     context = {
         "mail_id": summary.mail_id,
         "mailbox": summary.mailbox,

@@ -1,17 +1,32 @@
 """Settings: one pydantic-settings class, the only reader of the environment.
 
 Every entry point (worker, bridge, scheduler, CLI, alembic) builds ``Settings()``
-once and passes values down. Defaults point at the embedded dev stack that
-``mailroom dev`` starts, so a fresh checkout runs without configuration.
+once and passes values down. Loading is strict: an unknown ``MAILROOM_*`` variable
+or nested key, a route template with an unknown placeholder and settings that
+contradict each other are errors at load, not at first use.
+
+The server URLs default to loopback ports of the embedded dev stack and carry no
+password; nothing else defaults to something that could reach a real system: there
+is no default mailbox or mail account, and IMAP and SMTP use TLS unless a mailbox
+or account says ``security: plain`` (``mailroom dev`` and the tests do).
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+from mailroom import settings_checks
+from mailroom.settings_checks import StrictEnvSource, unknown_placeholders
 
 #: Loopback ports of the embedded dev stack (``mailroom dev``).
 DEV_POSTGRES_PORT = 55432
@@ -21,23 +36,61 @@ DEV_IMAP_PORT = 51143
 DEV_SMTP_PORT = 52525
 DEV_WEBHOOK_PORT = 58080
 
+#: Standard ports per ``security`` when a mailbox or account gives none (plain needs one).
+IMAP_PORTS = {"ssl": 993, "starttls": 143}
+SMTP_PORTS = {"ssl": 465, "starttls": 587}
 
-class DatabaseSettings(BaseModel):
+#: Placeholders of route templates, with a sample value each (``notifications.render_route``).
+ROUTE_PLACEHOLDERS: dict[str, Any] = {
+    "mail_id": 1,
+    "mailbox": "billing",
+    "uid": 1,
+    "mail_subject": "Invoice March",
+    "sender": "billing@example.test",
+    "document_types": "invoice",
+    "summary": "Mail 'Invoice March' from billing@example.test",
+}
+
+#: The recognition no-ack window must be this many times the bridge's ack wait (see Settings).
+ACK_WINDOW_MARGIN = 2
+
+
+class StrictModel(BaseModel):
+    """A settings group: unknown keys are errors, so a misspelt key is not silently dropped."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+def _default_port(data: Any, ports: dict[str, int], default_security: str) -> Any:
+    """``data`` with the standard port of its ``security`` filled in when it names none."""
+    if isinstance(data, dict) and data.get("port") is None:
+        security = data.get("security", default_security)
+        if security == "plain":
+            raise ValueError("security 'plain' has no standard port: give 'port'")
+        if security in ports:
+            data = {**data, "port": ports[security]}
+    return data
+
+
+class DatabaseSettings(StrictModel):
     url: str = f"postgresql+psycopg://postgres@127.0.0.1:{DEV_POSTGRES_PORT}/mailroom"
     pool_size: int = 5
     #: Longest a statement may run before Postgres cancels it, in milliseconds.
     statement_timeout_ms: int = 30_000
+    #: Longest wait for a new connection, in seconds (libpq counts whole seconds, at least 2).
+    connect_timeout_s: int = 5
 
 
-class RedisSettings(BaseModel):
+class RedisSettings(StrictModel):
     url: str = f"redis://127.0.0.1:{DEV_REDIS_PORT}/0"
 
 
-class BrokerSettings(BaseModel):
+class BrokerSettings(StrictModel):
     kind: Literal["redis", "rabbitmq", "stub"] = "redis"
     #: Used when ``kind`` is ``redis``; empty means ``redis.url``.
     redis_url: str = ""
-    rabbitmq_url: str = "amqp://guest:guest@127.0.0.1:5672/"
+    #: Used when ``kind`` is ``rabbitmq``; carries its user and password.
+    rabbitmq_url: str = "amqp://127.0.0.1:5672/"
     namespace: str = "dramatiq"
     #: A worker silent for this long is dead and its messages are requeued, in milliseconds.
     heartbeat_timeout_ms: int = 10_000
@@ -54,7 +107,7 @@ class BrokerSettings(BaseModel):
     prometheus_port: int = 9191
 
 
-class NatsSettings(BaseModel):
+class NatsSettings(StrictModel):
     url: str = f"nats://127.0.0.1:{DEV_NATS_PORT}"
     jetstream: bool = True
     stream_name: str = "MAILROOM_FILES"
@@ -87,7 +140,7 @@ class NatsSettings(BaseModel):
         return f"{self.subject_prefix}{name}"
 
 
-class StorageSettings(BaseModel):
+class StorageSettings(StrictModel):
     kind: Literal["filesystem", "s3"] = "filesystem"
     #: Root folder of the filesystem store; relative paths are under ``state_dir``.
     root: Path = Path("objects")
@@ -100,17 +153,19 @@ class StorageSettings(BaseModel):
     results_bucket: str = "mailroom-results"
 
 
-class MailboxSettings(BaseModel):
+class MailboxSettings(StrictModel):
     """One IMAP folder that intake reads; ``name`` is what ``poll_mailbox`` is given."""
 
     name: str
-    host: str = "127.0.0.1"
-    port: int = DEV_IMAP_PORT
-    security: Literal["ssl", "starttls", "plain"] = "plain"
+    host: str
+    #: Default: 993 for ``ssl``, 143 for ``starttls``; ``plain`` needs it given.
+    port: int
+    #: ``plain`` sends the password in clear: only for servers on loopback (``mailroom dev``).
+    security: Literal["ssl", "starttls", "plain"] = "ssl"
     #: CA bundle that signs the server's certificate (self-signed servers); empty: system CAs.
     ca_file: Path | None = None
-    username: str = "demouser"
-    password: SecretStr = SecretStr("demopass")
+    username: str
+    password: SecretStr
     folder: str = "INBOX"
     enabled: bool = True
     #: Most mails one poll ingests; a fuller folder re-sends the poll at once.
@@ -121,9 +176,15 @@ class MailboxSettings(BaseModel):
     #: Connect and read timeout of the IMAP socket, in seconds.
     timeout_s: float = 30.0
 
+    @model_validator(mode="before")
+    @classmethod
+    def _port_for_security(cls, data: Any) -> Any:
+        return _default_port(data, IMAP_PORTS, "ssl")
 
-class IntakeSettings(BaseModel):
-    mailboxes: list[MailboxSettings] = Field(default_factory=lambda: [MailboxSettings(name="dev")])
+
+class IntakeSettings(StrictModel):
+    #: The IMAP folders to read, as a JSON list of objects (keys: see MailboxSettings).
+    mailboxes: list[MailboxSettings] = Field(default_factory=list)
     #: Length of a mailbox lease, in seconds; the heartbeat renews it every third.
     lease_s: float = 60.0
     max_retries: int = 5
@@ -141,11 +202,11 @@ class IntakeSettings(BaseModel):
     commit_group: int = 25
 
 
-class DocumentType(BaseModel):
+class DocumentType(StrictModel):
     required_fields: list[str] = Field(default_factory=list)
 
 
-class RecognitionSettings(BaseModel):
+class RecognitionSettings(StrictModel):
     #: A published job with no ack for this long is republished, in seconds.
     ack_timeout_s: float = 30.0
     #: How long a recognition service has to answer, in seconds.
@@ -171,7 +232,7 @@ class RecognitionSettings(BaseModel):
     max_result_bytes: int = 16 * 1024 * 1024
 
 
-class RecognizerSettings(BaseModel):
+class RecognizerSettings(StrictModel):
     """The reference recognizer (``mailroom recognizer``), with switchable faults for tests."""
 
     #: Comma-separated faults: drop_acks, duplicate_results, drop_results, fail_with=CODE.
@@ -181,39 +242,67 @@ class RecognizerSettings(BaseModel):
     service_name: str = "mailroom-reference-recognizer"
 
 
-class WebhookAccount(BaseModel):
+class WebhookAccount(StrictModel):
     url: str
     timeout_s: float = 10.0
     secret: SecretStr | None = None
 
 
-class EmailAccount(BaseModel):
-    host: str = "127.0.0.1"
-    port: int = DEV_SMTP_PORT
-    security: Literal["ssl", "starttls", "plain"] = "plain"
+class EmailAccount(StrictModel):
+    host: str
+    #: Default: 587 for ``starttls``, 465 for ``ssl``; ``plain`` needs it given.
+    port: int
+    #: ``plain`` sends mail (and any password) in clear: only for loopback sinks.
+    security: Literal["ssl", "starttls", "plain"] = "starttls"
     username: str | None = None
     password: SecretStr | None = None
     sender: str = "mailroom@localhost"
     timeout_s: float = 10.0
 
+    @model_validator(mode="before")
+    @classmethod
+    def _port_for_security(cls, data: Any) -> Any:
+        return _default_port(data, SMTP_PORTS, "starttls")
 
-class RateLimit(BaseModel):
+
+class RateLimit(StrictModel):
     #: Sends allowed per second, on average, for one (channel, account).
     per_second: float
     burst: int = 1
 
 
-class NotificationRoute(BaseModel):
+class NotificationRoute(StrictModel):
     mailbox: str = "*"
     document_type: str = "*"
     channel: str = "log"
     account: str = "default"
     recipient: str = "ops"
+    #: ``str.format`` templates (checked at load) over {mail_id}, {mailbox}, {uid},
+    #: {mail_subject}, {sender}, {document_types} and {summary}.
     subject: str = "Mail {mail_subject!s} processed"
     template: str = "{summary}"
 
+    @model_validator(mode="after")
+    def _check_templates(self) -> NotificationRoute:
+        """Unknown placeholders fail at load, not when the first mail is notified."""
+        route = f"route {self.channel}:{self.account} -> {self.recipient}"
+        for name in ("subject", "template"):
+            text = getattr(self, name)
+            try:
+                unknown = unknown_placeholders(text, ROUTE_PLACEHOLDERS)
+                if not unknown:
+                    text.format_map(ROUTE_PLACEHOLDERS)
+            except (ValueError, KeyError, AttributeError, IndexError, TypeError) as exc:
+                raise ValueError(f"{route}: {name} {text!r} cannot be formatted: {exc}") from None
+            if unknown:
+                raise ValueError(
+                    f"{route}: unknown placeholder {{{unknown[0]}}} in {name}; "
+                    f"known: {', '.join(ROUTE_PLACEHOLDERS)}"
+                )
+        return self
 
-class DeliverySettings(BaseModel):
+
+class DeliverySettings(StrictModel):
     #: Not under the broker namespace: Dramatiq keeps its "delivery" queue at "{namespace}:delivery".
     stream_key: str = "mailroom:delivery-stream"
     consumer_group: str = "mailroom-delivery"
@@ -247,7 +336,7 @@ class DeliverySettings(BaseModel):
     routes: list[NotificationRoute] = Field(default_factory=lambda: [NotificationRoute()])
 
 
-class SchedulerSettings(BaseModel):
+class SchedulerSettings(StrictModel):
     poll_interval_s: float = 30.0
     outbox_sweep_interval_s: float = 10.0
     watchdog_interval_s: float = 30.0
@@ -263,19 +352,19 @@ class SchedulerSettings(BaseModel):
     leader_retry_s: float = 1.0
 
 
-class SentrySettings(BaseModel):
+class SentrySettings(StrictModel):
     dsn: SecretStr | None = None
     environment: str = "dev"
     traces_sample_rate: float = 0.0
 
 
-class LogSettings(BaseModel):
+class LogSettings(StrictModel):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
     #: ``text``: one readable line per event; ``json``: one JSON object per line.
     format: Literal["text", "json"] = "text"
 
 
-class MetricsSettings(BaseModel):
+class MetricsSettings(StrictModel):
     host: str = "127.0.0.1"
     #: Port of the bridges' and scheduler's metrics endpoint; 0 disables it.
     port: int = 0
@@ -283,7 +372,7 @@ class MetricsSettings(BaseModel):
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
-        env_prefix="MAILROOM_", env_nested_delimiter="__", extra="ignore"
+        env_prefix="MAILROOM_", env_nested_delimiter="__", extra="forbid"
     )
 
     #: Folder for the dev stack's data and the filesystem object store.
@@ -302,6 +391,46 @@ class Settings(BaseSettings):
     sentry: SentrySettings = SentrySettings()
     metrics: MetricsSettings = MetricsSettings()
 
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The environment is read strictly: see mailroom/settings_checks.py.
+        return init_settings, StrictEnvSource(settings_cls), dotenv_settings, file_secret_settings
+
+    @model_validator(mode="after")
+    def _check_invariants(self) -> Settings:
+        """Settings that are each valid but contradict one another."""
+        problems = []
+        recognition, nats = self.recognition, self.nats
+        window_s = recognition.ack_timeout_s * (recognition.max_republish + 1)
+        if window_s < ACK_WINDOW_MARGIN * nats.bridge_ack_wait_s:
+            # An ack held by a bridge that dies comes back only after bridge_ack_wait_s; the
+            # margin leaves as long again for the redelivered hop and the inbox queue. A shorter
+            # window dead-letters jobs whose answer is on its way.
+            problems.append(
+                f"recognition.ack_timeout_s x (recognition.max_republish + 1) = {window_s:g} s "
+                f"must be at least {ACK_WINDOW_MARGIN} x nats.bridge_ack_wait_s "
+                f"= {ACK_WINDOW_MARGIN * nats.bridge_ack_wait_s:g} s"
+            )
+        names = [mailbox.name for mailbox in self.intake.mailboxes]
+        if len(set(names)) != len(names):
+            problems.append(f"intake.mailboxes: names must be unique, got {names}")
+        if self.intake.lease_s <= 0:
+            problems.append("intake.lease_s must be positive")
+        broker = self.broker
+        if broker.retry_min_backoff_ms > broker.retry_max_backoff_ms:
+            problems.append("broker.retry_min_backoff_ms must not exceed retry_max_backoff_ms")
+        problems += _route_problems(self.delivery)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
     @property
     def broker_redis_url(self) -> str:
         return self.broker.redis_url or self.redis.url
@@ -310,3 +439,22 @@ class Settings(BaseSettings):
     def storage_root(self) -> Path:
         root = self.storage.root
         return root if root.is_absolute() else self.state_dir / root
+
+
+def _route_problems(delivery: DeliverySettings) -> list[str]:
+    """Routes to a webhook or e-mail account that is not configured (found at load, not at send).
+
+    Other channels are plugins that may take any account name (``log`` does).
+    """
+    accounts = {"webhook": delivery.webhook_accounts, "email": delivery.email_accounts}
+    return [
+        f"delivery.routes.{index}: no {route.channel} account {route.account!r} in "
+        f"delivery.{route.channel}_accounts"
+        for index, route in enumerate(delivery.routes)
+        if route.channel in accounts and route.account not in accounts[route.channel]
+    ]
+
+
+def variable_for(loc: Sequence[int | str]) -> str | None:
+    """The ``MAILROOM_*`` variable that supplied the setting at ``loc``, if one is set."""
+    return settings_checks.variable_for(loc, os.environ)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 import re
 import sys
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,8 @@ END = "<!-- settings-reference:end -->"
 
 
 def _default(field: FieldInfo) -> str:
+    if field.is_required():
+        return "(required)"
     if field.default_factory is not None:
         value: Any = field.default_factory()  # type: ignore[call-arg]
     else:
@@ -69,9 +72,40 @@ def _rows(model: type[BaseModel], prefix: str) -> list[str]:
     return rows
 
 
+def _item_models(model: type[BaseModel], prefix: str) -> list[tuple[str, type[BaseModel]]]:
+    """(variable, item model) of every list or mapping of models, such as the mailboxes."""
+    found = []
+    for name, field in model.model_fields.items():
+        env = f"{prefix}{name.upper()}"
+        if isinstance(field.default, BaseModel) and isinstance(field.annotation, type):
+            found += _item_models(field.annotation, f"{env}__")
+            continue
+        origin, args = typing.get_origin(field.annotation), typing.get_args(field.annotation)
+        item = args[-1] if origin in (list, dict) and args else None
+        if isinstance(item, type) and issubclass(item, BaseModel):
+            found.append((env, item))
+    return found
+
+
+def _item_rows(model: type[BaseModel]) -> list[str]:
+    comments = _comments(model)
+    rows = []
+    for name, field in model.model_fields.items():
+        kind = getattr(field.annotation, "__name__", str(field.annotation)).replace("|", "or")
+        doc = (field.description or comments.get(name, "")).replace("|", "/")
+        # A default that depends on another key (a port by ``security``) is in the comment.
+        default = "(see meaning)" if doc.startswith("Default:") else _default(field)
+        rows.append(f"| `{name}` | {kind} | {default} | {doc} |")
+    return rows
+
+
 def render() -> str:
     lines = ["| variable | type | default | meaning |", "|---|---|---|---|"]
     lines += _rows(Settings, "MAILROOM_")
+    for env, item in _item_models(Settings, "MAILROOM_"):
+        lines += ["", f"Keys of each item of `{env}` (JSON):", ""]
+        lines += ["| key | type | default | meaning |", "|---|---|---|---|"]
+        lines += _item_rows(item)
     return "\n".join(lines)
 
 

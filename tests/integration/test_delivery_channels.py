@@ -48,7 +48,11 @@ async def outbound(delivery_settings, delivery_redis, http_receiver, smtp_sink):
             "webhook_accounts": {
                 "default": WebhookAccount(url=http_receiver.url, timeout_s=0.5, secret="s3cret")
             },
-            "email_accounts": {"default": EmailAccount(port=smtp_sink.port, timeout_s=2)},
+            "email_accounts": {
+                "default": EmailAccount(
+                    host="127.0.0.1", port=smtp_sink.port, security="plain", timeout_s=2
+                )
+            },
         }
     )
     keys = DeliveryRedis(delivery_redis, stream_key=settings.stream_key)
@@ -171,7 +175,13 @@ async def test_smtp_refusal_codes_map_to_retryable_or_permanent(
 
 async def test_smtp_server_down_is_retryable(delivery_settings):
     settings = delivery_settings.model_copy(
-        update={"email_accounts": {"down": EmailAccount(port=free_port(), timeout_s=1)}}
+        update={
+            "email_accounts": {
+                "down": EmailAccount(
+                    host="127.0.0.1", port=free_port(), security="plain", timeout_s=1
+                )
+            }
+        }
     )
     built = ChannelOutbound(settings)
     with pytest.raises(ChannelUnavailable):

@@ -86,7 +86,12 @@ async def test_starttls_and_login(starttls_server):
     handler, port = starttls_server
     await send_with(
         EmailAccount(
-            port=port, security="starttls", username="mailroom", password="s3cret", timeout_s=5
+            host="127.0.0.1",
+            port=port,
+            security="starttls",
+            username="mailroom",
+            password="s3cret",
+            timeout_s=5,
         )
     )
     assert [mail["to"] for mail in handler.mails] == [["ops@example.com"]]
@@ -97,7 +102,12 @@ async def test_bad_credentials_are_permanent(starttls_server):
     with pytest.raises(ChannelRejected):
         await send_with(
             EmailAccount(
-                port=port, security="starttls", username="mailroom", password="wrong", timeout_s=5
+                host="127.0.0.1",
+                port=port,
+                security="starttls",
+                username="mailroom",
+                password="wrong",
+                timeout_s=5,
             )
         )
     assert handler.mails == []
@@ -106,11 +116,11 @@ async def test_bad_credentials_are_permanent(starttls_server):
 async def test_plain_connection_to_a_server_requiring_starttls_is_refused(starttls_server):
     handler, port = starttls_server
     with pytest.raises(ChannelRejected):
-        await send_with(EmailAccount(port=port, security="plain", timeout_s=5))
+        await send_with(EmailAccount(host="127.0.0.1", port=port, security="plain", timeout_s=5))
     assert handler.mails == []
 
 
 async def test_implicit_ssl(ssl_server):
     handler, port = ssl_server
-    await send_with(EmailAccount(port=port, security="ssl", timeout_s=5))
+    await send_with(EmailAccount(host="127.0.0.1", port=port, security="ssl", timeout_s=5))
     assert len(handler.mails) == 1

@@ -43,12 +43,16 @@ def test_vendor_errors_are_translated_and_keep_their_cause(error, expected, kind
     assert str(caught.value).startswith("CMD: ")
 
 
+def _mailbox() -> MailboxSettings:
+    return MailboxSettings(name="m", host="imap.test", username="demouser", password="demopass")
+
+
 async def test_fake_mailbox_mimics_the_search_quirk_and_fetches_in_uid_order():
     server = MemoryServer()
     server.create_folder("INBOX", uidvalidity=9, first_uid=100)
     for n in range(3):
         server.append("INBOX", b"Subject: %d\r\n\r\n" % n)
-    box = server.factory()(MailboxSettings(name="m"))
+    box = server.factory()(_mailbox())
     await box.connect()
     await box.check_health()
     assert await box.select("INBOX") == 9
@@ -64,7 +68,7 @@ async def test_fake_mailbox_mimics_the_search_quirk_and_fetches_in_uid_order():
 
 async def test_fake_mailbox_fails_like_the_real_one():
     server = MemoryServer(password="right")
-    box = server.factory()(MailboxSettings(name="m"))
+    box = server.factory()(_mailbox())
     with pytest.raises(MailboxLoginRejected):
         await box.connect()
     server.down = True

@@ -8,13 +8,17 @@ from mailroom.settings import IntakeSettings, MailboxSettings, Settings
 from scheduling.jobs import job_table
 
 
+def _mailbox(name: str, **values: bool) -> MailboxSettings:
+    return MailboxSettings(name=name, host="imap.test", username="u", password="p", **values)
+
+
 def test_every_job_of_the_design_is_in_the_table_and_only_sends(stub_broker):
     settings = Settings(
         intake=IntakeSettings(
             mailboxes=[
-                MailboxSettings(name="billing"),
-                MailboxSettings(name="archive", enabled=False),
-                MailboxSettings(name="claims"),
+                _mailbox("billing"),
+                _mailbox("archive", enabled=False),
+                _mailbox("claims"),
             ]
         )
     )

@@ -2,15 +2,46 @@
 
 from __future__ import annotations
 
-from mailroom.settings import Settings
+import pytest
+from pydantic import ValidationError
+
+from mailroom.settings import EmailAccount, MailboxSettings, Settings
 
 
-def test_defaults_point_at_the_embedded_dev_stack(monkeypatch):
+def test_defaults_reach_only_loopback_and_configure_no_mailbox(monkeypatch):
     monkeypatch.delenv("MAILROOM_BROKER__KIND", raising=False)  # set to "stub" by conftest
     settings = Settings()
-    assert settings.database.url.startswith("postgresql+psycopg://postgres@127.0.0.1:")
+    assert ":" not in settings.database.url.split("://")[1].split("@")[0]  # no password
+    assert "@127.0.0.1:" in settings.database.url
     assert settings.redis.url.startswith("redis://127.0.0.1:")
+    assert "@" not in settings.broker.rabbitmq_url
     assert settings.broker.kind == "redis"
+    assert settings.intake.mailboxes == []
+    assert settings.delivery.email_accounts == {}
+
+
+def test_mailboxes_and_mail_accounts_use_tls_unless_told_otherwise():
+    mailbox = MailboxSettings(name="m", host="imap.corp", username="u", password="p")
+    assert (mailbox.security, mailbox.port) == ("ssl", 993)
+    starttls = MailboxSettings(name="m", host="h", username="u", password="p", security="starttls")
+    assert starttls.port == 143
+    account = EmailAccount(host="smtp.corp")
+    assert (account.security, account.port) == ("starttls", 587)
+    assert EmailAccount(host="smtp.corp", security="ssl").port == 465
+
+
+def test_plain_text_mail_needs_an_explicit_port():
+    with pytest.raises(ValidationError, match="plain"):
+        MailboxSettings(name="m", host="h", username="u", password="p", security="plain")
+    with pytest.raises(ValidationError, match="plain"):
+        EmailAccount(host="h", security="plain")
+    assert EmailAccount(host="h", security="plain", port=2525).port == 2525
+
+
+def test_a_mailbox_has_no_default_server_or_credentials():
+    with pytest.raises(ValidationError) as caught:
+        MailboxSettings(name="m")
+    assert {error["loc"][0] for error in caught.value.errors()} == {"host", "username", "password"}
 
 
 def test_nested_values_come_from_the_environment(monkeypatch):
@@ -19,7 +50,7 @@ def test_nested_values_come_from_the_environment(monkeypatch):
     monkeypatch.setenv("MAILROOM_BROKER__KIND", "stub")
     monkeypatch.setenv(
         "MAILROOM_INTAKE__MAILBOXES",
-        '[{"name": "billing", "host": "imap.internal", "password": "s3cret"}]',
+        '[{"name": "billing", "host": "imap.internal", "username": "b", "password": "s3cret"}]',
     )
     settings = Settings()
     assert settings.database.url == "postgresql+psycopg://u@db.internal/x"

@@ -1,0 +1,169 @@
+"""Loading settings refuses typos, broken JSON, unknown template placeholders and contradictions."""
+
+from __future__ import annotations
+
+import json
+
+import psycopg
+import pytest
+from pydantic import ValidationError
+from pydantic_settings import SettingsError
+
+from mailroom.cli.errors import EXIT_CONFIG, EXIT_UNAVAILABLE, describe, mask_passwords
+from mailroom.settings import (
+    ROUTE_PLACEHOLDERS,
+    DeliverySettings,
+    NatsSettings,
+    NotificationRoute,
+    RecognitionSettings,
+    Settings,
+    WebhookAccount,
+)
+
+MAILBOX = {"name": "billing", "host": "imap.corp", "username": "u", "password": "p"}
+
+
+def _config_error(exc: BaseException) -> str:
+    failure = describe(exc)
+    assert failure is not None
+    assert failure.exit_code == EXIT_CONFIG
+    return "\n".join(failure.lines)
+
+
+def test_unknown_variable_is_an_error_naming_it_and_where_the_key_lives(monkeypatch):
+    monkeypatch.setenv("MAILROOM_INTAKE__BATCH_SIZE", "10")
+    with pytest.raises(SettingsError) as caught:
+        Settings()
+    message = _config_error(caught.value)
+    assert "MAILROOM_INTAKE__BATCH_SIZE is not a setting" in message
+    assert "MAILROOM_INTAKE__MAILBOXES" in message  # batch_size is set per mailbox
+
+
+def test_misspelt_top_level_variable_gets_a_suggestion(monkeypatch):
+    monkeypatch.setenv("MAILROOM_DATABSE__URL", "postgresql+psycopg://db/x")
+    with pytest.raises(SettingsError, match="did you mean MAILROOM_DATABASE__URL"):
+        Settings()
+
+
+def test_value_below_a_single_value_setting_is_unknown(monkeypatch):
+    monkeypatch.setenv("MAILROOM_INTAKE__LEASE_S__SECONDS", "10")
+    with pytest.raises(SettingsError, match="MAILROOM_INTAKE__LEASE_S takes one value"):
+        Settings()
+
+
+def test_keys_of_mapping_items_may_come_from_their_own_variables(monkeypatch):
+    monkeypatch.setenv("MAILROOM_DELIVERY__WEBHOOK_ACCOUNTS__HOOKS__URL", "https://hooks.test/")
+    assert Settings().delivery.webhook_accounts["hooks"].url == "https://hooks.test/"
+
+
+def test_unknown_nested_key_is_named_alone_with_its_variable(monkeypatch):
+    mailbox = {"name": "x", "host": "h", "pasword": "p"}
+    monkeypatch.setenv("MAILROOM_INTAKE__MAILBOXES", json.dumps([mailbox]))
+    with pytest.raises(ValidationError) as caught:
+        Settings()
+    # The typo also leaves password (and username) missing; only the typo is worth a line.
+    assert _config_error(caught.value) == (
+        "mailroom: configuration error: MAILROOM_INTAKE__MAILBOXES: unknown key 'pasword' "
+        "in intake.mailboxes.0 (did you mean 'password'?)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "key"),
+    [
+        ("MAILROOM_NATS__URLL", "nats://x", None),
+        ("MAILROOM_DELIVERY__ROUTES", '[{"chanel": "log"}]', "chanel"),
+        ("MAILROOM_DELIVERY__EMAIL_ACCOUNTS", '{"a": {"host": "h", "securty": "ssl"}}', "securty"),
+        ("MAILROOM_RECOGNITION__DOCUMENT_TYPES", '{"x": {"required": []}}', "required"),
+    ],
+)
+def test_every_nested_model_refuses_unknown_keys(monkeypatch, variable, value, key):
+    monkeypatch.setenv(variable, value)
+    with pytest.raises((ValidationError, SettingsError)) as caught:
+        Settings()
+    message = _config_error(caught.value)
+    assert variable in message
+    if key:
+        assert repr(key) in message
+
+
+def test_invalid_json_names_the_variable(monkeypatch):
+    monkeypatch.setenv("MAILROOM_INTAKE__MAILBOXES", "notjson")
+    with pytest.raises(SettingsError) as caught:
+        Settings()
+    assert _config_error(caught.value) == (
+        "mailroom: configuration error: MAILROOM_INTAKE__MAILBOXES is not valid JSON "
+        "(Expecting value at character 0)"
+    )
+
+
+def test_route_template_with_unknown_placeholder_fails_at_load_naming_route_and_placeholder():
+    with pytest.raises(ValidationError) as caught:
+        NotificationRoute(channel="webhook", recipient="finance", subject="Docs from {sendr}")
+    message = _config_error(caught.value)
+    assert "route webhook:default -> finance" in message
+    assert "{sendr}" in message
+    assert "sender" in message  # the known names are listed
+
+
+@pytest.mark.parametrize("template", ["{summary", "{0}", "{mail_subject!x}", "{uid:%Q}"])
+def test_malformed_route_template_fails_at_load(template):
+    with pytest.raises(ValidationError, match="template"):
+        NotificationRoute(template=template)
+
+
+def test_every_known_placeholder_and_its_format_specs_are_accepted():
+    text = " ".join(f"{{{name}}}" for name in ROUTE_PLACEHOLDERS) + " {mail_subject!r:.20}"
+    assert NotificationRoute(template=text).template == text
+
+
+def test_route_to_an_account_that_does_not_exist_fails_at_load():
+    delivery = DeliverySettings(
+        webhook_accounts={"default": WebhookAccount(url="https://hooks.test/")},
+        routes=[NotificationRoute(channel="webhook", account="finance")],
+    )
+    with pytest.raises(ValidationError, match="no webhook account 'finance'"):
+        Settings(delivery=delivery)
+
+
+def test_no_ack_window_shorter_than_twice_the_bridge_ack_wait_fails_at_load():
+    # 5 s x (3 + 1) = 20 s: an ack redelivered after the bridge's 30 s wait comes too late.
+    with pytest.raises(ValidationError) as caught:
+        Settings(
+            recognition=RecognitionSettings(ack_timeout_s=5, max_republish=3),
+            nats=NatsSettings(bridge_ack_wait_s=30),
+        )
+    message = _config_error(caught.value)
+    assert "recognition.ack_timeout_s" in message
+    assert "nats.bridge_ack_wait_s" in message
+    Settings(
+        recognition=RecognitionSettings(ack_timeout_s=5, max_republish=3),
+        nats=NatsSettings(bridge_ack_wait_s=10),
+    )
+
+
+def test_duplicate_mailbox_names_fail_at_load():
+    with pytest.raises(ValidationError, match="names must be unique"):
+        Settings(intake={"mailboxes": [MAILBOX, MAILBOX]})
+
+
+def test_unreachable_postgres_is_two_lines_with_host_port_and_no_password(monkeypatch):
+    monkeypatch.setenv("MAILROOM_DATABASE__URL", "postgresql+psycopg://app:s3cret@127.0.0.1:1/x")
+    with pytest.raises(psycopg.OperationalError) as caught:
+        psycopg.connect("postgresql://app:s3cret@127.0.0.1:1/x", connect_timeout=2)
+    assert describe(RuntimeError("a bug")) is None  # unknown errors keep their traceback
+    failure = describe(caught.value)
+    assert failure is not None
+    assert failure.exit_code == EXIT_UNAVAILABLE
+    assert len(failure.lines) == 2
+    assert "cannot reach Postgres" in failure.lines[0]
+    assert '"127.0.0.1", port 1' in failure.lines[0]
+    assert "MAILROOM_DATABASE__URL" in failure.lines[1]
+    assert "s3cret" not in "\n".join(failure.lines)
+
+
+def test_passwords_in_urls_are_masked():
+    text = "redis://:pw@h:6379/0 amqp://guest:guest@rabbit:5672/ postgresql://u@h/x"
+    assert mask_passwords(text) == (
+        "redis://:***@h:6379/0 amqp://guest:***@rabbit:5672/ postgresql://u@h/x"
+    )
