@@ -44,7 +44,7 @@ async def _deliverer() -> Deliverer:
 
 @dramatiq.actor(queue_name=queues.DELIVERY, retry_policy=RetryPolicy(max_attempts=None))
 async def deliver_channel_message(message_id: int) -> None:
-    """Deliver one channel message (DESIGN.md §6)."""
+    """Deliver one channel message (ARCHITECTURE.md, Delivery)."""
     await (await _deliverer()).deliver(int(message_id))
 
 
@@ -83,7 +83,7 @@ def _send_retries(retries: dict[int, Exception]) -> None:
 
 @dramatiq.actor(queue_name=queues.MAINTENANCE, retry_policy=RetryPolicy(max_attempts=1))
 async def recover_stale_deliveries() -> None:
-    """Settle messages stuck in ``sending`` (DESIGN.md §6)."""
+    """Settle messages stuck in ``sending`` (ARCHITECTURE.md, Delivery)."""
     resources = current()
     outbound = await resources.channels()
     await recover_stale(

@@ -26,7 +26,7 @@ async def _nudge_publisher() -> None:
 # returns normally for them; it raises only when Postgres itself cannot be reached.
 @dramatiq.actor(queue_name=queues.INTAKE, retry_policy=RetryPolicy(max_attempts=3))
 async def poll_mailbox(mailbox: str) -> None:
-    """Read new mail of one configured mailbox (DESIGN.md §4)."""
+    """Read new mail of one configured mailbox (ARCHITECTURE.md, Intake)."""
     resources = current()
     deps = IntakeDeps(
         sessions=await resources.sessions(),
@@ -42,6 +42,6 @@ async def poll_mailbox(mailbox: str) -> None:
         # rather than at the next sweep.
         await asyncio.to_thread(notify_final_mails.send)
     if outcome.more_waiting or (result is not None and result.ingested):
-        # Mail came in: look again at once (DESIGN.md §4) — with IDLE on, the next poll
+        # Mail came in: look again at once — with IDLE on, the next poll
         # waits for the next mail instead of the scheduler's next tick.
         await asyncio.to_thread(poll_mailbox.send, mailbox)

@@ -12,7 +12,7 @@ from mailroom import notifications
 
 @dramatiq.actor(queue_name=queues.MAPPING, retry_policy=RetryPolicy(max_attempts=10))
 async def notify_final_mails() -> None:
-    """Create and enqueue the notifications of mails that became final (DESIGN.md §5, §6)."""
+    """Create and enqueue the notifications of mails that became final (ARCHITECTURE.md, Notifications)."""
     resources = current()
     _, more = await notifications.notify_final_mails(
         sessions=await resources.sessions(),

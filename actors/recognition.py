@@ -39,7 +39,7 @@ def on_mails_final(mail_ids: Iterable[int]) -> None:
 
 @dramatiq.actor(queue_name=queues.OUTBOX, retry_policy=RetryPolicy(max_attempts=3))
 async def publish_recognition_requests() -> None:
-    """One outbox pass: publish queued jobs, republish unacked ones (DESIGN.md §5)."""
+    """One outbox pass: publish queued jobs, republish unacked ones (ARCHITECTURE.md, Recognition)."""
     resources = current()
     try:
         publisher = await resources.nats()
@@ -76,7 +76,7 @@ def _inbox_message(subject: Any, data: Any, headers: Any) -> InboxMessage | None
 
 @dramatiq.actor(queue_name=queues.INBOX, retry_policy=RetryPolicy(max_attempts=20))
 async def apply_recognition_message(subject: str, data: str, headers: dict[str, Any]) -> None:
-    """Apply one ack or result from a recognition service (DESIGN.md §5).
+    """Apply one ack or result from a recognition service (ARCHITECTURE.md, Recognition).
 
     ``data`` is the NATS body, base64-encoded (actor arguments are JSON).
     """
@@ -98,7 +98,7 @@ async def apply_recognition_message(subject: str, data: str, headers: dict[str, 
 
 @dramatiq.actor(queue_name=queues.INBOX, retry_policy=RetryPolicy(max_attempts=20))
 async def apply_recognition_messages(messages: list[dict[str, Any]]) -> None:
-    """Apply a batch of acks and results in one transaction (DESIGN.md §5).
+    """Apply a batch of acks and results in one transaction (ARCHITECTURE.md, Recognition).
 
     Each item is ``{"subject", "data" (base64 body), "headers"}``, as the NATS
     bridge forwards them. A message the inbox could not apply even on its own is
@@ -143,7 +143,7 @@ def _send_inbox_followups(map_job_ids: list[str], failed: list[tuple[InboxMessag
 
 @dramatiq.actor(queue_name=queues.MAPPING, retry_policy=RetryPolicy(max_attempts=10))
 async def map_recognition_result(job_id: str) -> None:
-    """Turn one result file into a document (DESIGN.md §5)."""
+    """Turn one result file into a document (ARCHITECTURE.md, Recognition)."""
     try:
         parsed = uuid.UUID(job_id)
     except (ValueError, TypeError, AttributeError):

@@ -1,4 +1,4 @@
-"""SQLAlchemy 2 models of every table (DESIGN.md §3).
+"""SQLAlchemy 2 models of every table (state machines: ARCHITECTURE.md).
 
 All timestamps are ``timestamptz`` in UTC; status columns are check-constrained
 text so a status added later is one migration, not an enum type dance.

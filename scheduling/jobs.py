@@ -17,7 +17,7 @@ class PeriodicJob:
 
 
 def job_table(settings: Settings) -> list[PeriodicJob]:
-    """Every periodic job of DESIGN.md §7, with intervals from settings."""
+    """Every periodic job (ARCHITECTURE.md, Processes), with intervals from settings."""
     from actors import delivery, intake, notifications, recognition, system
 
     every = settings.scheduler

@@ -1,4 +1,4 @@
-"""Delivering channel messages, one or a batch at a time (DESIGN.md §6, steps 1-5).
+"""Delivering channel messages, one or a batch at a time (ARCHITECTURE.md, Deliver).
 
 1. Settled already (Redis delivered-key, or a final status in Postgres) → done.
 2. Processing lock ``SET NX PX`` (owner ``{host-pid, started_at}``), renewed every

@@ -34,7 +34,7 @@ RECOGNIZABLE: dict[str, tuple[str, str]] = {
     "xlsx": ("xlsx", "tabular"),
     "xls": ("xls", "tabular"),
     # Plain-text documents ("Key: Value" lines) go to the tabular pipeline too; the reference
-    # recognizer reads them. DESIGN.md lists no text type: we found users send them as notes.
+    # recognizer reads them. Users send notes that way.
     "txt": ("txt", "tabular"),
     "pdf": ("pdf", "image"),
     "png": ("png", "image"),

@@ -68,7 +68,7 @@ def find_mailbox(settings: IntakeSettings, name: str) -> MailboxSettings:
 
 
 async def poll_mailbox(name: str, *, settings: IntakeSettings, deps: IntakeDeps) -> PollOutcome:
-    """One poll of mailbox ``name`` (DESIGN.md §4)."""
+    """One poll of mailbox ``name`` (ARCHITECTURE.md, Intake)."""
     mailbox = find_mailbox(settings, name)
     if not mailbox.enabled:
         return PollOutcome(name, "disabled")

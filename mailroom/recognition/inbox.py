@@ -1,4 +1,4 @@
-"""The inbox: acks and results from recognition services (DESIGN.md §5).
+"""The inbox: acks and results from recognition services (ARCHITECTURE.md, Recognition).
 
 Messages are parsed outside the database, then a batch of them is applied in
 one short transaction with no network I/O: ``SELECT … FOR UPDATE`` on the
@@ -156,7 +156,7 @@ class _Batch:
 
 
 def _apply_one(batch: _Batch, jobs: dict[uuid.UUID, _Job], parsed: Parsed, now: datetime) -> None:
-    """One message's rules against the locked rows (DESIGN.md §5, Inbox)."""
+    """One message's rules against the locked rows (ARCHITECTURE.md, Recognition, Inbox)."""
     response = parsed.response
     job = jobs.get(response.job_id)
     if job is None:

@@ -1,4 +1,4 @@
-"""Mapping: a result file becomes a ``document`` and settles its file (DESIGN.md §5).
+"""Mapping: a result file becomes a ``document`` and settles its file (ARCHITECTURE.md).
 
 The result JSON is read from the object store outside any transaction; the
 decision is then written in one short transaction that locks the job and

@@ -1,4 +1,4 @@
-"""The transactional outbox: queued jobs become NATS requests (DESIGN.md §5).
+"""The transactional outbox: queued jobs become NATS requests (ARCHITECTURE.md).
 
 One pass is one short transaction: claim up to N candidate rows with
 ``FOR UPDATE SKIP LOCKED`` (parallel publishers never take the same row), hand

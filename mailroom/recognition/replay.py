@@ -1,4 +1,4 @@
-"""Replay: a failed attempt (dlq / timeout / error) gets a new job row (DESIGN.md §5).
+"""Replay: a failed attempt (dlq / timeout / error) gets a new job row (ARCHITECTURE.md).
 
 The old row stays as the record of its attempt; the new one (``attempt + 1``,
 fresh msg ids, ``queued``) becomes the file's current job and the file goes back

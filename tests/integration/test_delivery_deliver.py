@@ -1,4 +1,4 @@
-"""deliver_channel_message against real Postgres and Redis (DESIGN.md §6 steps 1-5)."""
+"""deliver_channel_message against real Postgres and Redis (ARCHITECTURE.md, Deliver, steps 1-5)."""
 
 from __future__ import annotations
 
