@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -21,10 +22,14 @@ from mailroom.adapters.nats import NatsClient
 from mailroom.adapters.storage import ObjectStore, build_store
 from mailroom.db import create_engine, create_sessionmaker
 from mailroom.settings import Settings
+from mailroom.stop_signals import handle_stop_signals
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+#: Exit code of a worker process killed by a later second signal (Dramatiq's ``RET_KILLED``).
+RET_KILLED = 3
 
 
 class Resources:
@@ -155,10 +160,24 @@ def current() -> Resources:
 
 
 class ResourcesMiddleware(Middleware):
-    """Fresh resources per worker (its own event loop), closed on that loop at shutdown."""
+    """Fresh resources per worker (its own event loop), closed on that loop at shutdown.
+
+    It also owns how a worker process stops: one stop request, however many copies of
+    the signal arrive (``mailroom.stop_signals``), so a copy of the first signal never
+    becomes Dramatiq's "kill" (``sys.exit`` that then hangs on the event-loop thread).
+    """
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+
+    def after_process_boot(self, broker: Broker) -> None:
+        # Emitted only in worker processes of the Dramatiq CLI, never for an in-process Worker,
+        # in the main thread and after Dramatiq installed its stop handler: wrap that one.
+        graceful = signal.getsignal(signal.SIGTERM)
+        if callable(graceful):
+            handle_stop_signals(
+                graceful, signums=(signal.SIGTERM, signal.SIGHUP), kill_code=RET_KILLED
+            )
 
     def before_worker_boot(self, broker: Broker, worker: Any) -> None:
         global _settings, _current

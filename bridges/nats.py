@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
-import signal
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -27,6 +26,7 @@ from mailroom.adapters.nats import IncomingMessage, NatsClient, ResultSubscripti
 from mailroom.errors import AppError
 from mailroom.recognition.finality import short_repr
 from mailroom.settings import Settings
+from mailroom.stop_signals import handle_stop_signals
 
 logger = logging.getLogger(__name__)
 
@@ -211,8 +211,7 @@ async def _main(settings: Settings) -> int:
         NatsClient(settings.nats, name="mailroom-bridge"), _send_to_inbox, settings=settings
     )
     loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, bridge.stop)
+    handle_stop_signals(lambda *_: loop.call_soon_threadsafe(bridge.stop))
     return await bridge.run()
 
 

@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import signal
 import socket
 import time
 from collections.abc import Callable, Sequence
@@ -29,6 +28,7 @@ from mailroom.adapters.redis import CONNECTION_ERRORS, READ_NEW_PACKED, unpack_e
 from mailroom.delivery import metrics
 from mailroom.delivery.contracts import PAYLOAD_FIELD, decode_payload
 from mailroom.settings import DeliverySettings, Settings
+from mailroom.stop_signals import handle_stop_signals
 
 logger = logging.getLogger(__name__)
 
@@ -316,15 +316,12 @@ async def serve(settings: Settings, send: Callable[[list[int]], object]) -> int:
     """Run the bridge until SIGTERM or SIGINT: stop reading, finish the batch, exit 0."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
+    handle_stop_signals(lambda *_: loop.call_soon_threadsafe(stop.set))
     client = create_client(settings.redis.url, settings.delivery)
     try:
         await StreamBridge(client, settings=settings.delivery, send=send, stop=stop).run()
     finally:
         await client.aclose()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(signum)
     return 0
 
 

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 from datetime import UTC, datetime
-from types import FrameType
 
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
@@ -14,6 +12,7 @@ from sentry_sdk.crons import MonitorStatus, capture_checkin
 
 from mailroom.db import libpq_dsn
 from mailroom.settings import Settings
+from mailroom.stop_signals import handle_stop_signals
 from scheduling import metrics
 from scheduling.jobs import PeriodicJob, job_table
 from scheduling.leader import LeaderElection
@@ -113,11 +112,6 @@ def run(settings: Settings) -> int:
     start_metrics_server(settings)
     service = SchedulerService(settings)
 
-    def _stop(signum: int, frame: FrameType | None) -> None:
-        logger.info("Scheduler stopping on signal %s", signum)
-        service.stop()
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
+    handle_stop_signals(lambda *_: service.stop())
     service.run()
     return 0

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 import uuid
 from collections import OrderedDict
 from importlib.metadata import PackageNotFoundError, version
@@ -48,6 +47,7 @@ from mailroom.recognition.contracts import (
 from mailroom.recognition.extraction import ExtractionError, extract
 from mailroom.recognition.reference_faults import RecognizerFaults
 from mailroom.settings import Settings
+from mailroom.stop_signals import handle_stop_signals
 
 logger = logging.getLogger(__name__)
 
@@ -405,8 +405,7 @@ def run(settings: Settings) -> int:
 async def _serve(settings: Settings, faults: RecognizerFaults) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
+    handle_stop_signals(lambda *_: loop.call_soon_threadsafe(stop.set))
     recognizer = ReferenceRecognizer(settings, faults=faults)
     try:
         await recognizer.start()
