@@ -99,3 +99,56 @@ async def test_put_many_stores_each_object_and_reports_an_unsafe_key_on_its_own(
     assert stored_second.sha256 == sha256_hex(second)
     assert await store.get(stored_first.bucket, stored_first.key) == first
     assert await store.get(stored_second.bucket, stored_second.key) == second
+
+
+@pytest.fixture
+def filesystem_store(tmp_path):
+    return build_store(Settings(state_dir=tmp_path, storage=StorageSettings(kind="filesystem")))
+
+
+@pytest.fixture
+def fsyncs(monkeypatch):
+    """Every path fsynced, as (kind, path): files by their open path, folders by name."""
+    import os
+
+    synced: list[tuple[str, str]] = []
+    real_fsync = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        real_fsync(fd)
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        synced.append(("folder" if os.path.isdir(path) else "file", path))
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    return synced
+
+
+async def test_a_torn_object_of_the_right_size_is_repaired_by_the_next_put(filesystem_store):
+    data = b"invoice_number,total\nA-1,10.50\n"
+    key = content_key(data, prefix="attachments", suffix=".csv")
+    path = filesystem_store.root / filesystem_store.bucket("incoming") / key
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"\0" * len(data))  # a crash left zeros where the bytes should be
+
+    await filesystem_store.put("incoming", key, data, media_type="text/csv")
+
+    assert path.read_bytes() == data
+
+
+@pytest.mark.parametrize("many", [False, True], ids=["put", "put_many"])
+async def test_a_new_object_and_every_folder_naming_it_are_fsynced(filesystem_store, fsyncs, many):
+    data = b"durable bytes"
+    key = content_key(data, prefix="mail", suffix=".eml")
+    if many:
+        [ref] = await filesystem_store.put_many([PutRequest("mail", key, data, "message/rfc822")])
+        assert isinstance(ref, StoredRef)
+    else:
+        await filesystem_store.put("mail", key, data, media_type="message/rfc822")
+
+    path = filesystem_store.root / filesystem_store.bucket("mail") / key
+    assert ("file", str(path)) in fsyncs
+    # The file's folder and each folder created for it, up to the store's root.
+    folder = path.parent
+    while folder != filesystem_store.root.parent:
+        assert ("folder", str(folder)) in fsyncs, folder
+        folder = folder.parent
