@@ -196,7 +196,10 @@ def run_processes(bin_dir: Path, env: dict[str, str], cwd: Path) -> None:
                 raise item.failure(f"exited with {item.process.returncode} within {ALIVE_S:.0f} s")
         deadline = time.monotonic() + METRICS_TIMEOUT_S
         for item in processes:
+            assert item.process is not None
             while not _metrics_answer(item.metrics_port):
+                if item.process.poll() is not None:
+                    raise item.failure(f"exited with {item.process.returncode}")
                 if time.monotonic() > deadline:
                     raise item.failure(f"no metrics on 127.0.0.1:{item.metrics_port}")
                 time.sleep(0.2)

@@ -111,7 +111,7 @@ def settings_of(monkeypatch):
     def load(service: dict) -> Settings:
         for name in [n for n in os.environ if n.startswith("MAILROOM_")]:
             monkeypatch.delenv(name)
-        image_env = {"MAILROOM_STATE_DIR": "/var/lib/mailroom"}  # set by the Dockerfile
+        image_env = dict(re.findall(r"(MAILROOM_\w+)=(\S+)", DOCKERFILE.read_text()))
         for name, value in {**image_env, **service["environment"]}.items():
             monkeypatch.setenv(name, str(value))
         return Settings()
@@ -280,5 +280,7 @@ def test_the_image_is_the_production_install_run_as_a_user():
     user = re.findall(r"^USER (\S+)", runtime, flags=re.M)
     assert user and user[-1].split(":")[0] not in ("root", "0")
     assert 'ENTRYPOINT ["mailroom"]' in runtime
+    for variable in re.findall(r"(MAILROOM_\w+)=", runtime):
+        assert variable in env_names(), f"Dockerfile: {variable} is not a setting"
     for service in _mailroom_services().values():
         assert service["build"] == "." and service["image"] == "mailroom:local"
