@@ -1,22 +1,68 @@
-"""Run alembic from code (CLI, dev stack, tests)."""
+"""Run alembic from code (CLI, dev stack, tests), one run at a time per database.
+
+``alembic.ini`` and ``migrations/`` live at the top of a checkout; a wheel carries
+them inside the package (``mailroom/_alembic/``, pyproject's ``force-include``), so
+``mailroom migrate`` works from an installed package too.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
+from sqlalchemy import Connection, text
 
-#: The repository root, where alembic.ini lives.
+#: The repository root, where alembic.ini and migrations/ live in a checkout.
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+#: Where an installed wheel keeps alembic.ini and migrations/.
+PACKAGED_DIR = Path(__file__).resolve().parent / "_alembic"
+
+#: Postgres advisory lock every migration run holds (any fixed bigint; "mailroom" in ASCII).
+MIGRATION_LOCK_KEY = 0x6D61696C726F6F6D
+#: Longest a run waits for another run to finish, in milliseconds.
+LOCK_WAIT_MS = 600_000
+#: Longest one migration statement waits for a table lock, in milliseconds.
+DDL_LOCK_TIMEOUT_MS = 10_000
+
+
+def alembic_home() -> Path:
+    """The folder holding ``alembic.ini`` and ``migrations/``: the wheel's, else the checkout's."""
+    for home in (PACKAGED_DIR, PROJECT_ROOT):
+        if (home / "alembic.ini").is_file() and (home / "migrations" / "env.py").is_file():
+            return home
+    raise FileNotFoundError(f"no alembic.ini and migrations/ in {PACKAGED_DIR} or {PROJECT_ROOT}")
 
 
 def alembic_config(url: str) -> Config:
-    config = Config(str(PROJECT_ROOT / "alembic.ini"))
-    config.set_main_option("script_location", str(PROJECT_ROOT / "migrations"))
+    home = alembic_home()
+    config = Config(str(home / "alembic.ini"))
+    config.set_main_option("script_location", str(home / "migrations"))
     config.attributes["url"] = url
     config.attributes["configure_logger"] = False
     return config
+
+
+@contextmanager
+def migration_lock(connection: Connection) -> Iterator[None]:
+    """Hold the migration lock on ``connection``; its statements wait for table locks briefly.
+
+    A second run waits here up to ``LOCK_WAIT_MS`` and then finds the schema at head.
+    ``DDL_LOCK_TIMEOUT_MS`` makes a migration that queues behind a busy table fail
+    instead of stalling every query queued behind it.
+    """
+    connection.exec_driver_sql(f"SET lock_timeout = {LOCK_WAIT_MS}")
+    connection.execute(text("SELECT pg_advisory_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
+    connection.exec_driver_sql(f"SET lock_timeout = {DDL_LOCK_TIMEOUT_MS}")
+    # Session-level lock and setting survive the commit; alembic must begin its own
+    # transaction, or it joins this one and nothing it runs is committed.
+    connection.commit()
+    yield
+    # After an error the lock goes with the connection, which env.py never pools.
+    connection.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": MIGRATION_LOCK_KEY})
+    connection.commit()
 
 
 def upgrade(url: str, revision: str = "head") -> None:

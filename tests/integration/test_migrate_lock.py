@@ -1,0 +1,98 @@
+"""``mailroom migrate`` runs one at a time per database, under a Postgres advisory lock."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from psycopg import sql
+from sqlalchemy import create_engine, pool
+
+from mailroom.migrate import DDL_LOCK_TIMEOUT_MS, MIGRATION_LOCK_KEY, PROJECT_ROOT, migration_lock
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def empty_database(postgres_server) -> Iterator[str]:
+    """A database without any schema; its name."""
+    name = f"empty_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(postgres_server.dsn("postgres"), autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    yield name
+    with psycopg.connect(postgres_server.dsn("postgres"), autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
+
+
+def _waiting_for_the_lock(conn: psycopg.Connection) -> int:
+    row = conn.execute(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+        " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _migrate(url: str) -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MAILROOM_")}
+    env.update(MAILROOM_DATABASE__URL=url, PYTHONPATH=str(PROJECT_ROOT))
+    return subprocess.Popen(
+        [sys.executable, "-m", "mailroom", "migrate"],
+        env=env,
+        cwd=PROJECT_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def test_two_concurrent_migrate_runs_both_succeed_and_migrate_once(postgres_server, empty_database):
+    dsn = postgres_server.dsn(empty_database)
+    with psycopg.connect(dsn, autocommit=True) as holder:
+        # Given another run holds the migration lock
+        holder.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK_KEY,))
+        # When two runs start at once
+        runs = [_migrate(postgres_server.url(empty_database)) for _ in range(2)]
+        try:
+            deadline = time.monotonic() + 60
+            while _waiting_for_the_lock(holder) < 2 and time.monotonic() < deadline:
+                assert all(run.poll() is None for run in runs), [r.stdout.read() for r in runs]
+                time.sleep(0.1)
+            # Then both wait for it, having changed nothing
+            assert _waiting_for_the_lock(holder) == 2
+            tables = holder.execute("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'")
+            assert tables.fetchone() == (0,)
+        finally:
+            holder.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))
+        outputs = [run.communicate(timeout=60)[0] for run in runs]
+
+    # And once it is free both exit 0, one of them having run the migrations
+    assert [run.returncode for run in runs] == [0, 0], outputs
+    assert sum("Running upgrade" in output for output in outputs) == 1, outputs
+    with psycopg.connect(dsn) as conn:
+        versions = conn.execute("SELECT version_num FROM alembic_version").fetchall()
+    assert len(versions) == 1
+
+
+def test_migrations_run_with_a_short_lock_timeout_under_the_lock(postgres_server, empty_database):
+    engine = create_engine(postgres_server.url(empty_database), poolclass=pool.NullPool)
+    try:
+        with engine.connect() as connection, migration_lock(connection):
+            timeout = connection.exec_driver_sql("SHOW lock_timeout").scalar()
+            held = connection.exec_driver_sql(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
+                " AND pid = pg_backend_pid()"
+            ).scalar()
+            connection.rollback()
+    finally:
+        engine.dispose()
+    assert timeout == f"{DDL_LOCK_TIMEOUT_MS // 1000}s"
+    assert held == 1
