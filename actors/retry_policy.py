@@ -5,6 +5,8 @@ Replaces Dramatiq's ``Retries``: each actor declares ``retry_policy=RetryPolicy(
 support, a hook when attempts run out). Errors a policy expects (``AppError``
 and ``dramatiq.Retry``) are logged by the worker at info, not as crashes;
 anything else is a bug and is logged with its traceback (and reaches Sentry).
+A message this policy gives up, whatever the error, reaches Sentry once, with
+its reason kept beside it: ``actors.dead_letters``.
 """
 
 from __future__ import annotations
