@@ -114,12 +114,11 @@ def test_lines_written_inside_a_message_carry_its_actor_and_id(
     assert "actor" not in by_message["outside"]
 
 
-def test_dramatiq_worker_processes_log_json_too(tmp_path):
-    """The Dramatiq CLI as ``mailroom worker`` runs it: its main process and its workers."""
-    log = tmp_path / "worker.log"
+def _run_worker(module: str, log: Path) -> str:
+    """Start ``python -m <module> actors``, wait until its worker is ready, stop it; its output."""
     with log.open("wb") as out:
         worker = subprocess.Popen(
-            [sys.executable, "-m", "mailroom.dramatiq_main", "actors", "-p", "1", "-t", "1"],
+            [sys.executable, "-m", module, "actors", "-p", "1", "-t", "1"],
             cwd=REPO,
             env=_env(),
             stdout=out,
@@ -133,7 +132,22 @@ def test_dramatiq_worker_processes_log_json_too(tmp_path):
         finally:
             worker.send_signal(signal.SIGTERM)
             worker.wait(timeout=60)
-    records = _objects(log.read_text())
+    return log.read_text()
+
+
+def test_dramatiq_main_and_worker_processes_log_json(tmp_path):
+    """The Dramatiq CLI through ``mailroom.dramatiq_main``: its main process and its workers."""
+    records = _objects(_run_worker("mailroom.dramatiq_main", tmp_path / "worker.log"))
     processes = {r["message"]: r["process"] for r in records}
     assert processes["Worker process is ready for action."] == "worker"
-    assert any(p == "worker-main" for p in processes.values())
+    assert processes[f"Dramatiq '{dramatiq.__version__}' is booting up."] == "worker-main"
+
+
+def test_plain_dramatiq_worker_processes_log_json(tmp_path):
+    """``dramatiq actors`` itself: the workers' own handler gets the format on ``import actors``."""
+    output = _run_worker("dramatiq", tmp_path / "worker.log")
+    # Dramatiq's main process never imports the actors: its few lines stay in its format.
+    worker_lines = [line for line in output.splitlines() if "MainProcess" not in line]
+    records = _objects("\n".join(worker_lines))
+    ready = next(r for r in records if r["message"] == "Worker process is ready for action.")
+    assert ready["process"] == "worker"
