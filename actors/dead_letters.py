@@ -131,6 +131,6 @@ def _rewrite_stored_copy(broker: RedisBroker, message: MessageProxy) -> None:
         script(keys=[key], args=[message.options["redis_message_id"], message.encode()])
     except redis.ConnectionError as exc:
         # The worker retries post-processing (this hook included) on ConnectionClosed.
-        raise ConnectionClosed(exc) from None
+        raise ConnectionClosed(exc) from None  # type: ignore[no-untyped-call]
     except redis.RedisError:
         logger.warning("Could not store why %s was given up", message.message_id, exc_info=True)

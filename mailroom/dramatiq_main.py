@@ -19,7 +19,7 @@ from mailroom.settings import Settings
 def main() -> int:
     # Logging only: Sentry and the broker belong to the worker processes (``import actors``).
     configure_logging(Settings(), process="worker-main")
-    return int(dramatiq_main() or 0)
+    return int(dramatiq_main() or 0)  # type: ignore[no-untyped-call]
 
 
 if __name__ == "__main__":

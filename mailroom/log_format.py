@@ -37,7 +37,7 @@ class CurrentStderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
         logging.Handler.__init__(self)
 
     @property
-    def stream(self) -> Any:  # type: ignore[override]
+    def stream(self) -> Any:
         return sys.stderr
 
     @stream.setter

@@ -1,5 +1,8 @@
 """Process setup shared by every entry point: logging, Sentry and the metrics endpoint.
 
+Logs are text or JSON lines (``settings.log.format``, see ``mailroom.log_format``),
+scrubbed of secrets either way.
+
 Call ``setup_process`` first thing, before the broker is built: sentry-sdk's
 Dramatiq integration patches the broker class when it is initialised.
 """
@@ -132,9 +135,9 @@ def configure_logging(settings: Settings, *, process: str) -> None:
     """
     from mailroom.log_format import CurrentStderrHandler, JsonLogFormatter, ProcessName
 
-    handler = CurrentStderrHandler()
-    handler.setFormatter(logging.Formatter(LOG_FORMAT))
-    logging.basicConfig(level=settings.log.level, handlers=[handler])
+    default = CurrentStderrHandler()
+    default.setFormatter(logging.Formatter(LOG_FORMAT))
+    logging.basicConfig(level=settings.log.level, handlers=[default])
     logging.getLogger().setLevel(settings.log.level)
     for handler in logging.getLogger().handlers:
         for old in [f for f in handler.filters if isinstance(f, ProcessName)]:
