@@ -123,6 +123,10 @@ class ImapMailbox:
         self.settings = settings
         self._client: IMAPClient | None = None
         self._folder: str | None = None
+        # Guards ``_client`` and ``_closes`` between the event loop and a connecting thread:
+        # a connect that completes after close() must end its own connection.
+        self._lock = threading.Lock()
+        self._closes = 0
         # Set when the thread of the running call returns; close() waits for it.
         self._idle_call: threading.Event = threading.Event()
         self._idle_call.set()
@@ -151,6 +155,7 @@ class ImapMailbox:
 
     def _connect(self) -> IMAPClient:
         s = self.settings
+        closes = self._closes
         context = self._ssl_context() if s.security != "plain" else None
         client = IMAPClient(
             s.host,
@@ -159,8 +164,12 @@ class ImapMailbox:
             ssl_context=context,
             timeout=s.timeout_s,
         )
-        # Keep the connection even if STARTTLS or LOGIN fails, so close() can end it.
-        self._client = client
+        with self._lock:
+            if self._closes != closes:  # close() ran while we connected: nobody else will end it
+                _shutdown_quietly(client)
+                raise MailboxUnavailable("connection closed while connecting")
+            # Keep the connection even if STARTTLS or LOGIN fails, so close() can end it.
+            self._client = client
         client.normalise_times = False  # aware datetimes, not local naive ones
         if s.security == "starttls":
             client.starttls(context)
@@ -174,7 +183,8 @@ class ImapMailbox:
         await self._call("NOOP", self._require().noop)
 
     def _reconnect(self) -> None:
-        broken, self._client = self._client, None
+        with self._lock:
+            broken, self._client = self._client, None
         if broken is not None:
             _shutdown_quietly(broken)
         client = self._connect()
@@ -242,14 +252,18 @@ class ImapMailbox:
         return await self._call("IDLE", self._idle, timeout_s)
 
     async def close(self) -> None:
-        client, self._client = self._client, None
-        if client is None:
-            return
+        with self._lock:
+            self._closes += 1
+            client, self._client = self._client, None
         if not self._idle_call.is_set():
-            # A call was cancelled while its thread still runs (IDLE, a slow FETCH):
-            # closing the socket wakes it, and we wait so the thread ends before us.
-            await asyncio.to_thread(_shutdown_quietly, client)
+            # A call was cancelled while its thread still runs (IDLE, a slow FETCH, a connect):
+            # closing the socket wakes it, and we wait so the thread ends before us. A connect
+            # still running sees ``_closes`` move and ends the connection it opens itself.
+            if client is not None:
+                await asyncio.to_thread(_shutdown_quietly, client)
             await asyncio.to_thread(self._idle_call.wait, CLOSE_WAIT_S)
+            return
+        if client is None:
             return
         try:
             with _translate_errors("LOGOUT"):

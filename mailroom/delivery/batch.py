@@ -3,14 +3,15 @@
 Each message of a batch runs the whole per-message protocol in its own lane;
 what the lanes have ready at the same moment goes out together: locks as one
 Redis call, claims as one ``UPDATE … WHERE id = ANY(…)``, successes as one Redis
-call (delivered keys first) plus one fenced ``UPDATE``. A flush's error reaches the messages in that
-flush only.
+call plus one fenced ``UPDATE`` (Postgres first: the delivered keys are only a cache of it).
+A flush's error reaches the messages in that flush only.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -22,6 +23,8 @@ from mailroom.adapters.redis import AcquireResult, DeliveryRedis
 from mailroom.delivery.coalesce import Coalescer
 from mailroom.delivery.locks import BatchLease
 from mailroom.delivery.statements import CLAIM, STATUSES, SUCCEED
+
+logger = logging.getLogger(__name__)
 
 #: A retry may arrive this early before ``next_retry_at`` and still count as due, in seconds.
 DUE_SLACK_S = 1.0
@@ -122,14 +125,24 @@ class Batch:
     async def _succeed_many(self, successes: Sequence[_Success]) -> dict[_Success, bool]:
         for success in successes:
             self.lease.release(success.id)
-        # The delivered keys first: should Postgres fail now, no retry sends again.
-        await self.redis.settle_many(
-            [(success.id, "delivered") for success in successes],
-            token=self.token,
-            delivered_ttl_s=self.delivered_ttl_s,
-        )
+        # Postgres first: it is the record of the send. The delivered keys and lock releases
+        # after it are a cache; should Redis fail now, the locks expire and a retry finds the
+        # final status in Postgres, so nothing is sent twice and nothing sent ends uncertain.
         rows = json.dumps(
             [{"id": s.id, "attempts": s.attempts, "chunks": s.chunks} for s in successes]
         )
         settled = set((await self.execute(SUCCEED, {"rows": rows, "now": self.clock()})).scalars())
+        try:
+            await self.redis.settle_many(
+                [(s.id, "delivered" if s.id in settled else "") for s in successes],
+                token=self.token,
+                delivered_ttl_s=self.delivered_ttl_s,
+            )
+        except Exception as exc:
+            logger.warning(
+                "Delivered messages %s are settled in Postgres, but their Redis keys were not "
+                "written (%s); their locks expire on their own",
+                sorted(settled),
+                type(exc).__name__,
+            )
         return {success: success.id in settled for success in successes}

@@ -263,7 +263,7 @@ class Deliverer:
                 await self._update(claim, chunks=plan.record())
 
     async def _succeed(self, claim: Claim, plan: ChunkPlan) -> Outcome:
-        # Settled together with the batch's other successes ready now (delivered key first).
+        # Settled together with the batch's other successes ready now (Postgres first, then the delivered key).
         if not await claim.batch.succeed(claim, plan.record()):
             raise LeaseLost(f"message {claim.id} was taken over by a later attempt")
         metrics.DELIVERED.labels(claim.channel).inc()
@@ -286,7 +286,7 @@ class Deliverer:
             last_error=_truncate(error),
             next_retry_at=None,
         )
-        await self._release(claim.batch.lease, claim.id, value=status)
+        await self._cache_final(claim, status)
         metrics.FAILED.labels(claim.channel, reason).inc()
         logger.warning(
             "Message %s %s (%d of %d chunks sent, attempt %d): %s",
@@ -309,7 +309,7 @@ class Deliverer:
             if result.one_or_none() is None:
                 raise LeaseLost(f"message {claim.id} was taken over")
             session.add(stale_recovered_event([claim.id], found_by="delivery"))
-        await self._release(claim.batch.lease, claim.id, value="uncertain")
+        await self._cache_final(claim, "uncertain")
         metrics.STALE_RECOVERED.labels("uncertain").inc()
         logger.warning(
             "Message %s was left mid-send by an earlier attempt; marked uncertain (%d of %d chunks "
@@ -390,6 +390,22 @@ class Deliverer:
             delivered=value,
             delivered_ttl_s=self.settings.delivered_ttl_s,
         )
+
+    async def _cache_final(self, claim: Claim, status: str) -> None:
+        """After Postgres recorded a final status: its delivered key, and our lock released.
+
+        Redis is a cache of that record here: when it fails, the lock expires on its own
+        and the next attempt finds the final status in Postgres.
+        """
+        try:
+            await self._release(claim.batch.lease, claim.id, value=status)
+        except Exception as exc:
+            logger.warning(
+                "Message %s is %s in Postgres, but its Redis keys were not written (%s)",
+                claim.id,
+                status,
+                type(exc).__name__,
+            )
 
     async def _release_quietly(self, lease: BatchLease, message_id: int) -> None:
         """Release our lock on the way out of an error, which a failing release must not replace."""

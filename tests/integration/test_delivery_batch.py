@@ -13,7 +13,7 @@ from mailroom.adapters.redis import DeliveryRedis
 from mailroom.delivery.deliver import Deliverer, DeliveryDeferred, Outcome
 from mailroom.delivery.locks import LockOwner
 from mailroom.delivery.ports import Envelope
-from mailroom.errors import PermanentError, RetryableError
+from mailroom.errors import PermanentError, RetryableError, ServiceUnavailable
 from tests.fixtures.delivery import load_message, make_message
 
 pytestmark = pytest.mark.integration
@@ -207,3 +207,25 @@ async def test_a_message_is_locked_only_when_its_turn_comes(
     row = await load_message(delivery_sessions, waiting)
     assert (row.status, row.attempts) == ("pending", 0)
     assert outbound.started == [first]
+
+
+async def test_sent_messages_settle_in_postgres_when_redis_fails_after_the_send(
+    deliverer, delivery_sessions, keys, outbound, monkeypatch
+):
+    ids = [await make_message(delivery_sessions, body=f"hello {n}") for n in range(5)]
+
+    async def redis_down(*args: Any, **kwargs: Any) -> None:
+        raise ServiceUnavailable("redis unavailable: connection reset by peer")
+
+    monkeypatch.setattr(keys, "settle_many", redis_down)
+    result = await deliverer.deliver_many(ids)
+
+    assert result.outcomes == dict.fromkeys(ids, Outcome.DELIVERED)
+    for message_id in ids:
+        assert (await load_message(delivery_sessions, message_id)).status == "delivered"
+    # Redis is back, and its keys are gone: a redelivery finds the record in Postgres.
+    monkeypatch.undo()
+    await keys.client.delete(*(keys.keys.lock(mid) for mid in ids))
+    again = await deliverer.deliver_many(ids)
+    assert set(again.outcomes.values()) == {Outcome.SETTLED}
+    assert sorted(e.message_id for e in outbound.sent) == ids  # each sent once
