@@ -11,10 +11,13 @@ import sys
 
 import typer
 
-from mailroom.cli import dead_letters, delivery, intake, recognition
-from mailroom.settings import DEV_SMTP_PORT, DEV_WEBHOOK_PORT, Settings
+from mailroom.cli import dead_letters, delivery, errors, intake, recognition
+from mailroom.settings import DEV_IMAP_PORT, DEV_SMTP_PORT, DEV_WEBHOOK_PORT, Settings
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
+# NOTE: tracebacks with locals would print URLs with their passwords.
+app = errors.FriendlyTyper(
+    no_args_is_help=True, add_completion=False, help=__doc__, pretty_exceptions_show_locals=False
+)
 bridge_app = typer.Typer(no_args_is_help=True, help="Long-running consumers that feed actors.")
 app.add_typer(bridge_app, name="bridge")
 app.add_typer(intake.app, name="intake")
@@ -22,6 +25,15 @@ app.add_typer(recognition.app, name="recognition")
 app.add_typer(delivery.app, name="delivery")
 app.add_typer(dead_letters.app, name="dead-letters")
 app.command("notify")(delivery.notify)
+
+
+@app.callback()
+def _options(
+    debug: bool = typer.Option(
+        False, "--debug", help="Show the traceback of a failure instead of a one-line answer."
+    ),
+) -> None:
+    errors.show_tracebacks = debug
 
 
 def load_settings(process: str) -> Settings:
@@ -114,6 +126,7 @@ def recognizer() -> None:
 def dev(
     state_dir: str = typer.Option(None, help="Where the embedded servers keep their data."),
     seed: bool = typer.Option(True, help="Put sample mails into the dev IMAP inbox."),
+    imap_port: int = typer.Option(DEV_IMAP_PORT, help="Port of the dev IMAP server."),
     webhook_port: int = typer.Option(DEV_WEBHOOK_PORT, help="Port of the local webhook sink."),
     smtp_port: int = typer.Option(DEV_SMTP_PORT, help="Port of the local SMTP sink."),
 ) -> None:
@@ -121,7 +134,13 @@ def dev(
     from mailroom.devtools.dev import run_dev
 
     raise typer.Exit(
-        run_dev(state_dir=state_dir, seed=seed, webhook_port=webhook_port, smtp_port=smtp_port)
+        run_dev(
+            state_dir=state_dir,
+            seed=seed,
+            imap_port=imap_port,
+            webhook_port=webhook_port,
+            smtp_port=smtp_port,
+        )
     )
 
 

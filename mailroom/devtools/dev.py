@@ -19,18 +19,48 @@ from rich.console import Console
 from rich.table import Table
 
 from mailroom.db import libpq_dsn
-from mailroom.devtools.imap import ImapServer
+from mailroom.devtools.imap import DEMO_PASSWORD, DEMO_USER, ImapServer
 from mailroom.devtools.seed import sample_mails
 from mailroom.devtools.sinks import SmtpSink, WebhookSink
 from mailroom.devtools.stack import EmbeddedNats, EmbeddedPostgres, EmbeddedRedis, ServerStartError
 from mailroom.devtools.supervisor import Child, Supervisor
 from mailroom.migrate import PROJECT_ROOT, upgrade
-from mailroom.settings import DEV_SMTP_PORT, DEV_WEBHOOK_PORT, BrokerSettings, Settings
+from mailroom.settings import (
+    DEV_IMAP_PORT,
+    DEV_SMTP_PORT,
+    DEV_WEBHOOK_PORT,
+    BrokerSettings,
+    Settings,
+)
 
 logger = logging.getLogger(__name__)
 
 #: How often an idle Dramatiq consumer of the dev processes looks for work, in milliseconds.
 WORKER_POLL_MS = BrokerSettings().worker_poll_ms
+
+
+def dev_mailboxes(configured: str | None, *, imap_port: int = DEV_IMAP_PORT) -> str:
+    """``MAILROOM_INTAKE__MAILBOXES`` for dev: served by the dev IMAP server, in plain text.
+
+    The product has no default mailbox and no plain IMAP; dev supplies both. Configured
+    mailboxes keep their own values and get the dev server's for the keys they leave
+    out; broken JSON is passed on for the settings to report.
+    """
+    dev = {
+        "name": "dev",
+        "host": "127.0.0.1",
+        "port": imap_port,
+        "security": "plain",
+        "username": DEMO_USER,
+        "password": DEMO_PASSWORD,
+    }
+    try:
+        items = json.loads(configured) if configured else [{}]
+    except json.JSONDecodeError:
+        return configured or ""
+    if not isinstance(items, list) or not all(isinstance(item, dict) for item in items):
+        return configured or ""
+    return json.dumps([{**dev, **item} for item in items])
 
 
 def _port(url: str) -> int:
@@ -93,10 +123,14 @@ def run_dev(
     state_dir: str | None = None,
     *,
     seed: bool = True,
+    imap_port: int = DEV_IMAP_PORT,
     webhook_port: int = DEV_WEBHOOK_PORT,
     smtp_port: int = DEV_SMTP_PORT,
 ) -> int:
     """Start the embedded stack, sinks and every process; block until a stop signal; stop all."""
+    # Set here, before Settings() reads it, so this process and every child see one value.
+    name = "MAILROOM_INTAKE__MAILBOXES"
+    os.environ[name] = dev_mailboxes(os.environ.get(name), imap_port=imap_port)
     settings = Settings(state_dir=Path(state_dir)) if state_dir else Settings()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     console = Console()
