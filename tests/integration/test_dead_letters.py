@@ -99,7 +99,7 @@ def test_list_shows_why_a_real_worker_gave_each_message_up(cli_env, redis_url):
 
     @dramatiq.actor(broker=broker, queue_name="delivery", actor_name="deliver_channel_message")
     def deliver(message_id: int) -> None:
-        raise PermanentError(f"unknown route for {BODY!r}; token {secret}")
+        raise PermanentError(f"unknown route for message {message_id}; token {secret}")
 
     @dramatiq.actor(
         broker=broker,
