@@ -8,6 +8,10 @@ process runs a small thread that, every ``interval_s``, beats for its broker
 and forces maintenance on every queue it knows. A message of a kill -9'd worker
 then runs again within ``heartbeat_timeout + interval_s`` (plus the fetch idle
 backoff of the worker that picks it up).
+
+The same thread is the process' judge of whether Redis is reachable: with the
+consumer threads' connection errors it feeds one ``OutageReport``, which says so
+once per back-off step (``actors.broker_outage``).
 """
 
 from __future__ import annotations
@@ -19,6 +23,10 @@ from typing import Any
 from dramatiq import Broker, Middleware
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.common import current_millis, dq_name
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from actors.broker_outage import ConsumerErrorFilter, OutageReport, describe_redis
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +59,17 @@ class RedisMaintenance(Middleware):
         self.interval_s = interval_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.outage: OutageReport | None = None
+
+    def before_worker_boot(self, broker: Broker, worker: Any) -> None:
+        if isinstance(broker, RedisBroker):
+            self.outage = OutageReport(
+                describe_redis(broker.client.connection_pool.connection_kwargs)
+            )
+
+    def after_consumer_thread_boot(self, broker: Broker, thread: Any) -> None:
+        if self.outage is not None:
+            thread.logger.addFilter(ConsumerErrorFilter(self.outage))
 
     def after_worker_boot(self, broker: Broker, worker: Any) -> None:
         if not isinstance(broker, RedisBroker):
@@ -71,5 +90,11 @@ class RedisMaintenance(Middleware):
         while not self._stop.wait(self.interval_s):
             try:
                 run_redis_maintenance(broker)
-            except Exception as exc:  # Redis down: the consumers report it too; keep beating.
+            except (RedisConnectionError, RedisTimeoutError) as exc:
+                if self.outage is not None:
+                    self.outage.failed(exc)
+            except Exception as exc:  # keep beating: a missed beat requeues our messages
                 logger.warning("Broker maintenance failed: %s", exc)
+            else:
+                if self.outage is not None:
+                    self.outage.recovered()
