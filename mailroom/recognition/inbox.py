@@ -40,6 +40,7 @@ from mailroom.recognition.inbox_messages import (
     Parsed,
     parse_message,
 )
+from mailroom.recognition.revive import reopen_mails, revivable, revive
 
 logger = logging.getLogger(__name__)
 
@@ -82,15 +83,16 @@ _FIND_OBJECTS = text(
 
 # The jobs and their current files in one statement (Postgres runs a data-modifying WITH
 # whether or not the main statement reads it). The ``= ANY`` arrays steer the planner to the
-# primary keys: it cannot size ``jsonb_to_recordset`` and would scan both tables. A file follows only its current job and
-# leaves UPLOADED only forward; an error result fails it.
+# primary keys: it cannot size ``jsonb_to_recordset`` and would scan both tables. A file follows
+# only its current job and leaves UPLOADED only forward; an error result fails it; a revived
+# job's answer replaces the NO_ACK ERROR (revive.py).
 _WRITE_BACK = text(
     """
     WITH jobs AS (
         UPDATE recognition_job AS j
            SET status = r.status, started_at = r.started_at, finished_at = r.finished_at,
                service_name = r.service_name, service_version = r.service_version,
-               metrics = CASE WHEN r.result_applied THEN r.metrics ELSE j.metrics END,
+               metrics = CASE WHEN r.metrics_changed THEN r.metrics ELSE j.metrics END,
                fields_total = r.fields_total,
                fields_low_confidence = r.fields_low_confidence,
                fields_unrecognized = r.fields_unrecognized,
@@ -99,7 +101,7 @@ _WRITE_BACK = text(
                result_object_id = r.result_object_id, result_msg_id = r.result_msg_id
           FROM jsonb_to_recordset(CAST(:jobs AS jsonb)) AS r(
                id uuid, status text, started_at timestamptz, finished_at timestamptz,
-               service_name text, service_version text, result_applied boolean, metrics jsonb,
+               service_name text, service_version text, metrics_changed boolean, metrics jsonb,
                fields_total int, fields_low_confidence int, fields_unrecognized int,
                error_code text, error_message text, result_schema_version text,
                result_object_id bigint, result_msg_id text)
@@ -108,12 +110,13 @@ _WRITE_BACK = text(
     )
     UPDATE stored_file AS f
        SET status = CASE WHEN r.error THEN 'ERROR' ELSE 'PROCESSING' END,
-           status_reason = CASE WHEN r.error THEN r.reason ELSE f.status_reason END,
+           status_reason = CASE WHEN r.error OR r.revived THEN r.reason ELSE f.status_reason END,
            updated_at = :now
       FROM jsonb_to_recordset(CAST(:files AS jsonb))
-           AS r(job_id uuid, file_id bigint, error boolean, reason text)
+           AS r(job_id uuid, file_id bigint, error boolean, revived boolean, reason text)
      WHERE f.id = r.file_id AND f.id = ANY(CAST(:file_ids AS bigint[]))
-       AND f.current_recognition_job_id = r.job_id AND (r.error OR f.status = 'UPLOADED')
+       AND f.current_recognition_job_id = r.job_id
+       AND (r.error OR f.status = 'UPLOADED' OR (r.revived AND f.status = 'ERROR'))
     """
 )
 
@@ -125,6 +128,8 @@ class _Job:
     row: dict[str, Any]
     changed: bool = False
     result_applied: bool = False
+    #: Taken out of a NO_ACK dead letter by this batch (revive.py).
+    revived: bool = False
     #: The file change this batch asks for: ``None``, ``"processing"`` or ``"error"``.
     file_change: str | None = None
     file_reason: str | None = None
@@ -200,6 +205,7 @@ def _apply_ack(
     if job.status == "processing":
         batch.log(logging.DEBUG, "Repeated ack for job %s ignored", job.id)
         return InboxOutcome("ack_repeated", job.id)
+    _revive_if_dead_lettered(batch, job, now)
     if job.status != "published":
         batch.log(logging.WARNING, "Ack for job %s in status %s ignored", job.id, job.status)
         return InboxOutcome("ack_unexpected", job.id)
@@ -224,6 +230,7 @@ def _apply_result(
     if row["result_msg_id"] == msg_id:
         batch.log(logging.DEBUG, "Duplicate result %s for job %s ignored", msg_id, job.id)
         return InboxOutcome("result_duplicate", job.id)
+    _revive_if_dead_lettered(batch, job, now)
     if job.status in FINAL_JOB_STATUSES:
         batch.log(
             logging.WARNING,
@@ -264,6 +271,17 @@ def _apply_result(
         job.file_change = job.file_change or "processing"
     batch.log(logging.INFO, "Recognition job %s result applied: %s", job.id, response.status)
     return InboxOutcome("result_applied", job.id, map_job_id=job.id)
+
+
+def _revive_if_dead_lettered(batch: _Batch, job: _Job, now: datetime) -> None:
+    """A genuine answer to a job dead-lettered for NO_ACK takes it back (revive.py)."""
+    if not revivable(job.row):
+        return
+    revive(job.row, now)
+    job.changed = job.revived = True
+    batch.log(
+        logging.WARNING, "Recognition job %s answered after its NO_ACK dead letter: revived", job.id
+    )
 
 
 def _json(value: Any) -> str:
@@ -331,7 +349,7 @@ async def _apply_in_one_transaction(
             job_rows = [
                 {
                     **{name: job.row[name] for name in _WRITTEN},
-                    "result_applied": job.result_applied,
+                    "metrics_changed": job.result_applied or job.revived,
                 }
                 for job in changed
             ]
@@ -340,6 +358,8 @@ async def _apply_in_one_transaction(
                     "job_id": job.id,
                     "file_id": job.row["file_id"],
                     "error": job.file_change == "error",
+                    "revived": job.revived,
+                    # A revived file's NO_ACK reason goes; an error result brings its own.
                     "reason": job.file_reason,
                 }
                 for job in changed
@@ -353,6 +373,10 @@ async def _apply_in_one_transaction(
                 "now": now,
             }
             await session.execute(_WRITE_BACK, params)
+            revived = [job for job in changed if job.revived]
+            await reopen_mails(
+                session, [job.id for job in revived], [job.row["file_id"] for job in revived]
+            )
     batch.emit()
     return batch
 

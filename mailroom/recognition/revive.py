@@ -1,0 +1,77 @@
+"""An answer wins: a genuine ack or result revives a job dead-lettered for ``NO_ACK``.
+
+The outbox dead-letters a job when no ack came within its no-ack window. That
+decision is a guess: the ack may sit in JetStream while every NATS bridge is
+down (the recognizer's re-sends under the same ``Nats-Msg-Id`` are dropped as
+duplicates, so only the first answer ever arrives). When it does arrive, it is
+the truth and the guess is undone: the job takes the answer as if it had never
+left ``published``, its file (only while the job is the file's current one)
+leaves the ``NO_ACK`` ERROR, and its final mail is reopened, so it is finalized
+and notified again under a new final state (the notification dedupe key names
+it). Other final statuses stay final: ``timeout`` means the service's own
+deadline passed, and a result or error is already an answer.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession
+
+#: The job status and error code of a dead letter for a missing ack (written by the outbox).
+DLQ_STATUS = "dlq"
+NO_ACK = "NO_ACK"
+
+
+def revivable(row: dict[str, Any]) -> bool:
+    """True for a locked job row that the outbox dead-lettered for want of an ack."""
+    return row["status"] == DLQ_STATUS and row["error_code"] == NO_ACK
+
+
+def revive(row: dict[str, Any], now: datetime) -> None:
+    """Undo the dead letter on a locked job row: back to ``published``, the answer applies next.
+
+    The metrics keep a trace (``revived``), so the dead letter stays visible in
+    the job's record after its answer replaced it.
+    """
+    metrics = row["metrics"] if isinstance(row["metrics"], dict) else {}
+    row.update(
+        status="published",
+        finished_at=None,
+        error_code=None,
+        error_message=None,
+        metrics={**metrics, "revived": {"from": DLQ_STATUS, "code": NO_ACK, "at": now.isoformat()}},
+    )
+
+
+# A revived job's file has moved on from the NO_ACK ERROR (the write-back matched it on its
+# current job); its mail, final because of that ERROR, waits again for the file to settle.
+# Clearing notified_at lets the next finalization notify under its own final state.
+_REOPEN_MAILS = text(
+    """
+    UPDATE inbound_mail AS m
+       SET status = 'stored', finalized_at = NULL, notified_at = NULL
+      FROM stored_file AS f
+     WHERE f.id = ANY(CAST(:file_ids AS bigint[]))
+       AND f.current_recognition_job_id = ANY(CAST(:job_ids AS uuid[]))
+       AND m.id = f.mail_id
+       AND m.status = 'final'
+    RETURNING m.id
+    """
+)
+
+
+async def reopen_mails(
+    session: AsyncSession, job_ids: Sequence[uuid.UUID], file_ids: Sequence[int]
+) -> list[int]:
+    """Reopen the final mails of the files whose current job is one of ``job_ids``; their ids."""
+    if not job_ids:
+        return []
+    result = await session.execute(
+        _REOPEN_MAILS, {"job_ids": list(job_ids), "file_ids": list(file_ids)}
+    )
+    return sorted(mail_id for (mail_id,) in result)
