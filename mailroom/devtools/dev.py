@@ -198,19 +198,32 @@ def run_dev(
 
 
 def _start_imap(settings: Settings, *, seed: bool) -> ImapServer | None:
-    """The dev IMAP server for the first configured mailbox, seeded with sample mails."""
+    """The dev IMAP server for the first configured mailbox, seeded with sample mails.
+
+    Its mail lives in the state dir beside Postgres's data, so a restart finds the
+    same UIDs under the same UIDVALIDITY and intake reads nothing twice. The samples
+    go in once per state dir: the marker file is written after they are appended.
+    """
     mailboxes = [m for m in settings.intake.mailboxes if m.enabled]
     if not mailboxes:
         return None
     mailbox = mailboxes[0]
-    server = ImapServer(port=mailbox.port).start()
-    if seed:
-        server.append(
-            mailbox.folder,
-            *sample_mails(),
-            user=mailbox.username,
-            password=mailbox.password.get_secret_value(),
-        )
+    data_dir = settings.state_dir.resolve() / "imap"
+    server = ImapServer(port=mailbox.port, data_dir=data_dir).start()
+    user, password = mailbox.username, mailbox.password.get_secret_value()
+    try:
+        server.add_user(user, password)
+        if mailbox.folder.upper() != "INBOX":
+            with server.client(user, password) as client:
+                if not client.folder_exists(mailbox.folder):
+                    client.create_folder(mailbox.folder)
+        seeded = data_dir / "samples-seeded"
+        if seed and not seeded.exists():
+            server.append(mailbox.folder, *sample_mails(), user=user, password=password)
+            seeded.touch()
+    except BaseException:
+        server.stop()
+        raise
     return server
 
 

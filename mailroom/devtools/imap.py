@@ -1,8 +1,12 @@
-"""A dev IMAP server: pymap's in-memory dict backend on its own event loop thread.
+"""A dev IMAP server: pymap on its own event loop thread.
 
-``mailroom dev`` serves its demo mailbox with it and the tests read and write
-real IMAP through it. Helpers create users and folders, APPEND mails and drop a
-folder (a re-created folder gets a new UIDVALIDITY).
+The tests read and write real IMAP through it with pymap's in-memory dict
+backend. ``mailroom dev`` gives it a data folder and gets pymap's maildir
+backend instead, so the mailbox (its mails, UIDs and UIDVALIDITY) outlives a
+restart just as the dev Postgres does: otherwise a restarted server would hand
+out UIDs again under a new UIDVALIDITY and intake would read every mail twice.
+Helpers create users and folders, APPEND mails and drop a folder (a re-created
+folder gets a new UIDVALIDITY).
 """
 
 from __future__ import annotations
@@ -27,19 +31,45 @@ DEMO_USER = "demouser"
 DEMO_PASSWORD = "demopass"
 
 
-def _server_args(port: int, tls: tuple[Path, Path] | None) -> argparse.Namespace:
-    """pymap's own command line, parsed the way ``pymap --port N --no-tls dict`` would be."""
+def _server_args(
+    port: int, tls: tuple[Path, Path] | None, data_dir: Path | None = None
+) -> argparse.Namespace:
+    """pymap's own command line, parsed the way ``pymap --port N --no-tls dict`` would be
+    (``… maildir DIR`` with a data folder)."""
     from pymap.backend.dict import DictBackend
+    from pymap.backend.maildir import MaildirBackend
     from pymap.imap import IMAPService
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--debug", action="store_true")
     parser.set_defaults(skip_services=[], passlib_cfg=None)
-    DictBackend.add_subparser("dict", parser.add_subparsers(dest="backend"))
+    backends = parser.add_subparsers(dest="backend")
+    DictBackend.add_subparser("dict", backends)
+    MaildirBackend.add_subparser("maildir", backends)
     IMAPService.add_arguments(parser)
     args = ["--host", "127.0.0.1", "--port", str(port)]
     args += ["--cert", str(tls[0]), "--key", str(tls[1])] if tls else ["--no-tls"]
-    return parser.parse_args([*args, "dict"])
+    backend = ["maildir", str(data_dir)] if data_dir is not None else ["dict"]
+    return parser.parse_args([*args, *backend])
+
+
+async def _maildir_backend(args: argparse.Namespace) -> tuple[Any, Any]:
+    """pymap's maildir backend with all its work on the server's own loop.
+
+    ``MaildirBackend.init`` would run file I/O in a thread pool of its own that
+    nothing here could shut down; the dev server's load is one client at a time.
+    """
+    from pymap.backend.maildir import Config, Login, MaildirBackend
+    from pymap.concurrent import Subsystem
+
+    class _Config(Config):
+        @classmethod
+        def parse_args(cls, args: argparse.Namespace) -> Any:
+            return {**super().parse_args(args), "subsystem": Subsystem.for_asyncio()}
+
+    config = _Config.from_args(args, invalid_user_sleep=0.0, cpu_subsystem=Subsystem.for_asyncio())
+    Path(config.base_dir).mkdir(parents=True, exist_ok=True)
+    return MaildirBackend(Login(config), config), config
 
 
 def self_signed_certificate(folder: Path) -> tuple[Path, Path]:
@@ -84,11 +114,20 @@ def self_signed_certificate(folder: Path) -> tuple[Path, Path]:
 class ImapServer:
     """pymap on its own event loop thread; the methods are called from other threads.
 
-    With ``tls`` (certificate and key files) the server offers STARTTLS.
+    With ``tls`` (certificate and key files) the server offers STARTTLS. With
+    ``data_dir`` it keeps users and mail there (maildir) and starts with no user;
+    without, it keeps them in memory and starts with ``demouser`` / ``demopass``.
     """
 
-    def __init__(self, tls: tuple[Path, Path] | None = None, *, port: int = 0) -> None:
+    def __init__(
+        self,
+        tls: tuple[Path, Path] | None = None,
+        *,
+        port: int = 0,
+        data_dir: Path | None = None,
+    ) -> None:
         self.tls = tls
+        self.data_dir = data_dir
         self.host = "127.0.0.1"
         self.port = port or free_port()
         self._loop = asyncio.new_event_loop()
@@ -104,12 +143,14 @@ class ImapServer:
         from pymap.concurrent import Subsystem
         from pymap.imap import IMAPService
 
-        # CPU work (password hashing) on the server's own loop: no thread pool to leak.
-        backend, config = await DictBackend.init(
-            _server_args(self.port, self.tls),
-            invalid_user_sleep=0.0,
-            cpu_subsystem=Subsystem.for_asyncio(),
-        )
+        args = _server_args(self.port, self.tls, self.data_dir)
+        if self.data_dir is not None:
+            backend, config = await _maildir_backend(args)
+        else:
+            # CPU work (password hashing) on the server's own loop: no thread pool to leak.
+            backend, config = await DictBackend.init(
+                args, invalid_user_sleep=0.0, cpu_subsystem=Subsystem.for_asyncio()
+            )
         config.apply_context()
         await backend.start(self._stack)
         await IMAPService(backend, config).start(self._stack)
@@ -137,13 +178,21 @@ class ImapServer:
             self._loop.close()
 
     def add_user(self, name: str, password: str) -> None:
+        """Create user ``name``, or set its password when it exists."""
+
         async def add() -> None:
-            from pymap.backend.dict import Identity
+            from pymap.backend import dict as dict_backend
+            from pymap.backend import maildir as maildir_backend
             from pymap.user import Passwords, UserMetadata
 
             config = self._backend.config
+            login = self._backend.login
             hashed = await Passwords(config).hash_password(password)
-            identity = Identity(name, self._backend.login, None, frozenset())
+            identity: Any
+            if self.data_dir is not None:
+                identity = maildir_backend.Identity(config, login.tokens, name, None, frozenset())
+            else:
+                identity = dict_backend.Identity(name, login, None, frozenset())
             await identity.set(UserMetadata(config, name, password=hashed))
 
         self._run(add())
@@ -168,6 +217,20 @@ class ImapServer:
     ) -> None:
         with self.client(user, password) as client:
             client.delete_folder(folder)
+
+    def uidvalidity(
+        self, folder: str, *, user: str = DEMO_USER, password: str = DEMO_PASSWORD
+    ) -> int:
+        with self.client(user, password) as client:
+            return int(client.folder_status(folder, [b"UIDVALIDITY"])[b"UIDVALIDITY"])
+
+    def uids(
+        self, folder: str, *, user: str = DEMO_USER, password: str = DEMO_PASSWORD
+    ) -> list[int]:
+        """The UIDs of every mail in ``folder``, ascending."""
+        with self.client(user, password) as client:
+            client.select_folder(folder, readonly=True)
+            return sorted(client.search("ALL"))  # imapclient searches by UID
 
     def append(
         self, folder: str, *mails: bytes, user: str = DEMO_USER, password: str = DEMO_PASSWORD

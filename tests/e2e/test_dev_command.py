@@ -1,8 +1,8 @@
-"""``mailroom dev`` comes up on embedded services and stops everything on Ctrl+C."""
+"""``mailroom dev`` comes up on embedded services, stops everything on Ctrl+C, and a restart
+on the same state dir neither ingests nor notifies the sample mails again."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -10,11 +10,14 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import psycopg
 import pytest
+from imapclient import IMAPClient
 
-from mailroom.devtools.seed import sample_mails
+from mailroom.devtools.imap import DEMO_PASSWORD, DEMO_USER
+from mailroom.devtools.seed import build_mail, invoice_csv, sample_mails
 from mailroom.devtools.stack import free_port
 from mailroom.migrate import PROJECT_ROOT
 
@@ -26,7 +29,94 @@ def _listening(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
-def test_dev_delivers_the_sample_mails_and_stops_cleanly_on_ctrl_c(tmp_path):
+class DevRun:
+    """One ``mailroom dev`` process and the lines it prints."""
+
+    def __init__(self, state_dir: Path, ports: dict[str, int]) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MAILROOM_")}
+        env.update(
+            MAILROOM_DATABASE__URL=f"postgresql+psycopg://postgres@127.0.0.1:{ports['pg']}/mailroom",
+            MAILROOM_REDIS__URL=f"redis://127.0.0.1:{ports['redis']}/0",
+            MAILROOM_NATS__URL=f"nats://127.0.0.1:{ports['nats']}",
+        )
+        self.lines: list[str] = []
+        self.ready = threading.Event()
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "mailroom",
+                "dev",
+                "--state-dir",
+                str(state_dir),
+                "--imap-port",
+                str(ports["imap"]),
+                "--webhook-port",
+                str(ports["webhook"]),
+                "--smtp-port",
+                str(ports["smtp"]),
+            ],
+            env=env,
+            cwd=PROJECT_ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for raw in self.process.stdout:
+            line = raw.decode(errors="replace")
+            self.lines.append(line)
+            if "mailroom dev is ready" in line:
+                self.ready.set()
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def webhooks(self) -> int:
+        return sum("received webhook" in line for line in self.lines)
+
+    def wait_for_webhooks(self, count: int, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.webhooks() < count and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert self.webhooks() >= count, f"expected {count} webhooks:\n{self.output}"
+
+    def stop(self) -> int:
+        self.process.send_signal(signal.SIGINT)
+        code = self.process.wait(60)
+        self.reader.join(5)
+        assert self.process.stdout is not None
+        self.process.stdout.close()
+        return code
+
+
+def _wait_for_scheduler(dsn: str, run: DevRun) -> None:
+    """The scheduler child takes leadership once it has started (slow on a busy machine)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        with psycopg.connect(dsn) as conn:
+            row = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'mailroom-scheduler%'"
+            ).fetchone()
+        if row and row[0]:
+            return
+        time.sleep(0.2)
+    pytest.fail("scheduler never connected:\n" + run.output)
+
+
+def _mail_count(dsn: str) -> int:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT count(*) FROM inbound_mail").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@pytest.mark.timeout(420)  # two runs of the whole stack (slow on a busy machine)
+def test_dev_delivers_the_sample_mails_once_and_stops_cleanly_on_ctrl_c(tmp_path):
     ports = {
         "pg": free_port(),
         "redis": free_port(),
@@ -35,76 +125,48 @@ def test_dev_delivers_the_sample_mails_and_stops_cleanly_on_ctrl_c(tmp_path):
         "webhook": free_port(),
         "smtp": free_port(),
     }
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MAILROOM_")}
-    env.update(
-        MAILROOM_DATABASE__URL=f"postgresql+psycopg://postgres@127.0.0.1:{ports['pg']}/mailroom",
-        MAILROOM_REDIS__URL=f"redis://127.0.0.1:{ports['redis']}/0",
-        MAILROOM_NATS__URL=f"nats://127.0.0.1:{ports['nats']}",
-        MAILROOM_INTAKE__MAILBOXES=json.dumps([{"name": "dev", "port": ports["imap"]}]),
-    )
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "mailroom",
-            "dev",
-            "--state-dir",
-            str(tmp_path / "state"),
-            "--webhook-port",
-            str(ports["webhook"]),
-            "--smtp-port",
-            str(ports["smtp"]),
-        ],
-        env=env,
-        cwd=PROJECT_ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    lines: list[str] = []
-    ready = threading.Event()
-    delivered = threading.Event()
+    dsn = f"postgresql://postgres@127.0.0.1:{ports['pg']}/mailroom"
+    state_dir = tmp_path / "state"
+    samples = len(sample_mails())
 
-    def _read() -> None:
-        assert process.stdout is not None
-        for raw in process.stdout:
-            line = raw.decode(errors="replace")
-            lines.append(line)
-            if "mailroom dev is ready" in line:
-                ready.set()
-            if sum("received webhook" in seen for seen in lines) == len(sample_mails()):
-                delivered.set()
-
-    reader = threading.Thread(target=_read, daemon=True)
-    reader.start()
+    run = DevRun(state_dir, ports)
     try:
-        assert ready.wait(90), "dev did not come up:\n" + "".join(lines)
+        assert run.ready.wait(90), "dev did not come up:\n" + run.output
         for port in ports.values():
             assert _listening(port)
-        dsn = f"postgresql://postgres@127.0.0.1:{ports['pg']}/mailroom"
         with psycopg.connect(dsn) as conn:
             assert conn.execute("SELECT version_num FROM alembic_version").fetchone()
-        # The scheduler child takes leadership once it has started.
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            with psycopg.connect(dsn) as conn:
-                row = conn.execute(
-                    "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'mailroom-scheduler%'"
-                ).fetchone()
-            if row and row[0]:
-                break
-            time.sleep(0.2)
-        else:
-            pytest.fail("scheduler never connected:\n" + "".join(lines))
+        _wait_for_scheduler(dsn, run)
         # What a new user sees: every sample mail ends as a notification at the webhook sink.
-        assert delivered.wait(90), "sample mails were not delivered:\n" + "".join(lines)
+        run.wait_for_webhooks(samples, 90)
     finally:
-        process.send_signal(signal.SIGINT)
-        code = process.wait(60)
-        reader.join(5)
-        assert process.stdout is not None
-        process.stdout.close()
-    output = "".join(lines)
-    assert code == 0, output
-    assert "everything stopped" in output
+        code = run.stop()
+    assert code == 0, run.output
+    assert "everything stopped" in run.output
     for port in ports.values():
         assert not _listening(port), f"port {port} still open after dev stopped"
+
+    # A restart keeps the mailbox: the samples are neither seeded nor notified again, and a
+    # new mail still gets through (its UID continues above the old ones).
+    run = DevRun(state_dir, ports)
+    try:
+        assert run.ready.wait(90), "dev did not come back:\n" + run.output
+        _wait_for_scheduler(dsn, run)
+        late = build_mail(
+            "After restart",
+            [("invoice-9.csv", "text/csv", invoice_csv(9))],
+            sender="late@example.test",
+        )
+        client = IMAPClient("127.0.0.1", port=ports["imap"], ssl=False, timeout=10)
+        try:
+            client.login(DEMO_USER, DEMO_PASSWORD)
+            client.append("INBOX", late)
+        finally:
+            client.logout()
+        run.wait_for_webhooks(1, 90)
+        time.sleep(8)  # more than one poll period of the dev scheduler (5 s)
+        assert run.webhooks() == 1, run.output
+        assert _mail_count(dsn) == samples + 1
+    finally:
+        code = run.stop()
+    assert code == 0, run.output
