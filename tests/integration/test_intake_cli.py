@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import psycopg
 import pytest
 from typer.testing import CliRunner
@@ -29,13 +31,15 @@ def _rows(dsn, sql):
         return conn.execute(sql).fetchall()
 
 
-def test_status_shows_cursors_and_configured_mailboxes(dsn):
+def test_status_shows_cursors_and_configured_mailboxes(dsn, monkeypatch):
+    mailbox = {"name": "dev", "host": "imap.test", "username": "u", "password": "p"}
+    monkeypatch.setenv("MAILROOM_INTAKE__MAILBOXES", json.dumps([mailbox]))
     result = CliRunner().invoke(app, ["intake", "status"], env={"COLUMNS": "250"})
     assert result.exit_code == 0, result.output
     assert "billing" in result.output and "blocked" in result.output
     assert "UID 42 <bad@x>" in result.output
     assert "[boom]" in result.output, "untrusted text is escaped, not read as markup"
-    assert "not polled yet" in result.output  # the default "dev" mailbox
+    assert "not polled yet" in result.output  # the configured "dev" mailbox
 
 
 def test_unblock_clears_the_block_and_is_audited(dsn):
