@@ -63,7 +63,7 @@ class StrictModel(BaseModel):
 
 def _default_port(data: Any, ports: dict[str, int], default_security: str) -> Any:
     """``data`` with the standard port of its ``security`` filled in when it names none."""
-    if isinstance(data, dict) and data.get("port") is None:
+    if isinstance(data, dict) and not data.get("port"):
         security = data.get("security", default_security)
         if security == "plain":
             raise ValueError("security 'plain' has no standard port: give 'port'")
@@ -158,8 +158,9 @@ class MailboxSettings(StrictModel):
 
     name: str
     host: str
+    # NOTE: the 0 never stays (_port_for_security fills or refuses it); it lets callers omit it.
     #: Default: 993 for ``ssl``, 143 for ``starttls``; ``plain`` needs it given.
-    port: int
+    port: int = 0
     #: ``plain`` sends the password in clear: only for servers on loopback (``mailroom dev``).
     security: Literal["ssl", "starttls", "plain"] = "ssl"
     #: CA bundle that signs the server's certificate (self-signed servers); empty: system CAs.
@@ -250,8 +251,9 @@ class WebhookAccount(StrictModel):
 
 class EmailAccount(StrictModel):
     host: str
+    # NOTE: the 0 never stays (_port_for_security fills or refuses it); it lets callers omit it.
     #: Default: 587 for ``starttls``, 465 for ``ssl``; ``plain`` needs it given.
-    port: int
+    port: int = 0
     #: ``plain`` sends mail (and any password) in clear: only for loopback sinks.
     security: Literal["ssl", "starttls", "plain"] = "starttls"
     username: str | None = None
@@ -446,7 +448,10 @@ def _route_problems(delivery: DeliverySettings) -> list[str]:
 
     Other channels are plugins that may take any account name (``log`` does).
     """
-    accounts = {"webhook": delivery.webhook_accounts, "email": delivery.email_accounts}
+    accounts: dict[str, set[str]] = {
+        "webhook": set(delivery.webhook_accounts),
+        "email": set(delivery.email_accounts),
+    }
     return [
         f"delivery.routes.{index}: no {route.channel} account {route.account!r} in "
         f"delivery.{route.channel}_accounts"
