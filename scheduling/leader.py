@@ -28,6 +28,8 @@ class LeaderElection:
         self.key = key
         self.name = name or holder_name()
         self._conn: psycopg.Connection[tuple[object, ...]] | None = None
+        #: The last failure logged: a standby retries every second, and says so only on a change.
+        self._failure: str | None = None
 
     def _connect(self) -> psycopg.Connection[tuple[object, ...]]:
         if self._conn is None or self._conn.closed:
@@ -41,9 +43,16 @@ class LeaderElection:
         try:
             row = self._connect().execute("SELECT pg_try_advisory_lock(%s)", (self.key,)).fetchone()
         except psycopg.Error as exc:
-            logger.warning("Leader election: database unavailable: %s", exc)
+            # psycopg adds a hint line; the first line names host, port and cause.
+            failure = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            if failure != self._failure:
+                logger.warning("Leader election: database unavailable (retrying): %s", failure)
+                self._failure = failure
             self._drop()
             return False
+        if self._failure is not None:
+            logger.info("Leader election: database reachable again")
+            self._failure = None
         return bool(row and row[0])
 
     def still_leader(self) -> bool:
