@@ -50,7 +50,7 @@ _LOCK_JOBS = text(
     SELECT id, file_id, status, attempt, result_msg_id, metrics, started_at, finished_at,
            service_name, service_version, fields_total, fields_low_confidence,
            fields_unrecognized, error_code, error_message, result_schema_version,
-           result_object_id
+           result_object_id, reply_deadline
       FROM recognition_job
      WHERE id = ANY(:ids)
      ORDER BY id
@@ -205,7 +205,7 @@ def _apply_ack(
     if job.status == "processing":
         batch.log(logging.DEBUG, "Repeated ack for job %s ignored", job.id)
         return InboxOutcome("ack_repeated", job.id)
-    _revive_if_dead_lettered(batch, job, now)
+    _revive_if_dead_lettered(batch, job, now, ack=True)
     if job.status != "published":
         batch.log(logging.WARNING, "Ack for job %s in status %s ignored", job.id, job.status)
         return InboxOutcome("ack_unexpected", job.id)
@@ -230,7 +230,7 @@ def _apply_result(
     if row["result_msg_id"] == msg_id:
         batch.log(logging.DEBUG, "Duplicate result %s for job %s ignored", msg_id, job.id)
         return InboxOutcome("result_duplicate", job.id)
-    _revive_if_dead_lettered(batch, job, now)
+    _revive_if_dead_lettered(batch, job, now, ack=False)
     if job.status in FINAL_JOB_STATUSES:
         batch.log(
             logging.WARNING,
@@ -273,9 +273,9 @@ def _apply_result(
     return InboxOutcome("result_applied", job.id, map_job_id=job.id)
 
 
-def _revive_if_dead_lettered(batch: _Batch, job: _Job, now: datetime) -> None:
+def _revive_if_dead_lettered(batch: _Batch, job: _Job, now: datetime, *, ack: bool) -> None:
     """A genuine answer to a job dead-lettered for NO_ACK takes it back (revive.py)."""
-    if not revivable(job.row):
+    if not revivable(job.row, now, ack=ack):
         return
     revive(job.row, now)
     job.changed = job.revived = True

@@ -36,6 +36,7 @@ from mailroom.recognition.finality import (
     republish_count_sql,
     utcnow,
 )
+from mailroom.recognition.revive import DLQ_STATUS, NO_ACK
 from mailroom.settings import NatsSettings, RecognitionSettings
 
 logger = logging.getLogger(__name__)
@@ -220,9 +221,10 @@ async def publish_recognition_requests(
         mail_ids: set[int] = set()
         if outcome.dead_lettered:
             reason = f"no ack after {recognition.max_republish} republishes"
-            await _mark_failed(session, outcome.dead_lettered, "dlq", "NO_ACK", reason, now)
+            # A guess, not an answer: an ack or result that arrives later revives the job.
+            await _mark_failed(session, outcome.dead_lettered, DLQ_STATUS, NO_ACK, reason, now)
             mail_ids |= await fail_current_files(
-                session, outcome.dead_lettered, reason=f"NO_ACK: {reason}", now=now
+                session, outcome.dead_lettered, reason=f"{NO_ACK}: {reason}", now=now
             )
         if outcome.invalid:
             await _mark_failed(

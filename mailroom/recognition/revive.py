@@ -8,8 +8,9 @@ the truth and the guess is undone: the job takes the answer as if it had never
 left ``published``, its file (only while the job is the file's current one)
 leaves the ``NO_ACK`` ERROR, and its final mail is reopened, so it is finalized
 and notified again under a new final state (the notification dedupe key names
-it). Other final statuses stay final: ``timeout`` means the service's own
-deadline passed, and a result or error is already an answer.
+it). An ack revives only before the reply deadline (see ``revivable``); a
+result always does. Other final statuses stay final: ``timeout`` means the
+service's own deadline passed, and a result or error is already an answer.
 """
 
 from __future__ import annotations
@@ -27,9 +28,18 @@ DLQ_STATUS = "dlq"
 NO_ACK = "NO_ACK"
 
 
-def revivable(row: dict[str, Any]) -> bool:
-    """True for a locked job row that the outbox dead-lettered for want of an ack."""
-    return row["status"] == DLQ_STATUS and row["error_code"] == NO_ACK
+def revivable(row: dict[str, Any], now: datetime, *, ack: bool) -> bool:
+    """True when this answer takes back a locked job row dead-lettered for want of an ack.
+
+    A result always does. An ack only before the reply deadline: past it the job
+    would be ``processing`` where the watchdog times it out on its next run, and
+    could do so between the ack and the result behind it in JetStream, turning
+    a real answer into a final timeout. Left ``dlq``, the result still revives it.
+    """
+    if row["status"] != DLQ_STATUS or row["error_code"] != NO_ACK:
+        return False
+    deadline = row["reply_deadline"]
+    return not ack or (deadline is not None and deadline > now)
 
 
 def revive(row: dict[str, Any], now: datetime) -> None:

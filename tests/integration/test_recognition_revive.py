@@ -182,6 +182,24 @@ async def test_an_ack_alone_revives_and_the_watchdog_still_bounds_the_job(
     assert (await recognition_factory.mail(ref.mail_id))["status"] == "final"
 
 
+async def test_an_ack_past_the_reply_deadline_does_not_revive_but_its_result_does(
+    db_sessions, recognition_factory, recognition_settings, store
+):
+    ref = await recognition_factory.create_job()
+    await dead_letter(db_sessions, recognition_settings, recognition_factory, ref)
+    past = T0 + timedelta(seconds=301)
+
+    [ack] = await deliver(db_sessions, answer(ref, "processing"), now=past)
+    assert ack.applied == "ack_unexpected"
+    assert (await recognition_factory.job(ref.job_id))["status"] == "dlq"
+
+    # A watchdog run between the ack and the result finds nothing to time out.
+    assert (await expire_recognition_deadlines(db_sessions, now=past)).timed_out == []
+    [result] = await deliver(db_sessions, answer(ref, "done", store), now=past)
+    assert result.applied == "result_applied"
+    assert (await recognition_factory.job(ref.job_id))["status"] == "done"
+
+
 async def test_a_late_answer_to_a_replayed_dead_letter_changes_the_old_row_only(
     db_sessions, recognition_factory, recognition_settings, store
 ):
