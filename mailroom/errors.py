@@ -45,3 +45,7 @@ class ServiceUnavailable(RetryableError):
 
 class LeaseLost(RetryableError):
     """Our lease or lock was taken over or expired; the work was abandoned."""
+
+
+class MigrationLockTimeout(RetryableError):
+    """A migration waited too long for a lock and was rolled back; nothing was applied."""

@@ -7,13 +7,20 @@ them inside the package (``mailroom/_alembic/``, pyproject's ``force-include``),
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import psycopg.errors
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import Connection, text
+from sqlalchemy.exc import OperationalError
+
+from mailroom.errors import MigrationLockTimeout
+
+logger = logging.getLogger(__name__)
 
 #: The repository root, where alembic.ini and migrations/ live in a checkout.
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -53,20 +60,41 @@ def migration_lock(connection: Connection) -> Iterator[None]:
     ``DDL_LOCK_TIMEOUT_MS`` makes a migration that queues behind a busy table fail
     instead of stalling every query queued behind it.
     """
-    connection.exec_driver_sql(f"SET lock_timeout = {LOCK_WAIT_MS}")
-    connection.execute(text("SELECT pg_advisory_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
+    key = {"key": MIGRATION_LOCK_KEY}
+    if not connection.execute(text("SELECT pg_try_advisory_lock(:key)"), key).scalar():
+        logger.info(
+            "Another migration run holds the lock; waiting up to %d s", LOCK_WAIT_MS // 1000
+        )
+        connection.exec_driver_sql(f"SET lock_timeout = {LOCK_WAIT_MS}")
+        try:
+            connection.execute(text("SELECT pg_advisory_lock(:key)"), key)
+        except OperationalError as exc:
+            if not isinstance(exc.orig, psycopg.errors.LockNotAvailable):
+                raise
+            raise MigrationLockTimeout(
+                f"another migration run held the lock for over {LOCK_WAIT_MS // 1000} s"
+            ) from exc
     connection.exec_driver_sql(f"SET lock_timeout = {DDL_LOCK_TIMEOUT_MS}")
     # Session-level lock and setting survive the commit; alembic must begin its own
     # transaction, or it joins this one and nothing it runs is committed.
     connection.commit()
     yield
     # After an error the lock goes with the connection, which env.py never pools.
-    connection.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": MIGRATION_LOCK_KEY})
+    connection.execute(text("SELECT pg_advisory_unlock(:key)"), key)
     connection.commit()
 
 
 def upgrade(url: str, revision: str = "head") -> None:
-    command.upgrade(alembic_config(url), revision)
+    """Migrate to ``revision``; ``MigrationLockTimeout`` if a lock wait ran out (nothing applied)."""
+    try:
+        command.upgrade(alembic_config(url), revision)
+    except OperationalError as exc:
+        if not isinstance(exc.orig, psycopg.errors.LockNotAvailable):
+            raise
+        raise MigrationLockTimeout(
+            f"a migration waited over {DDL_LOCK_TIMEOUT_MS // 1000} s for a table lock"
+            " (a long transaction holds it) and was rolled back"
+        ) from exc
 
 
 def check(url: str) -> None:

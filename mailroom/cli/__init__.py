@@ -47,11 +47,20 @@ def load_settings(process: str) -> Settings:
 
 @app.command()
 def migrate() -> None:
-    """Upgrade the database to the newest schema (alembic upgrade head)."""
+    """Upgrade the database to the newest schema (alembic upgrade head).
+
+    Runs one at a time per database (a Postgres advisory lock); a second run waits, then
+    finds the schema at head.
+    """
+    from mailroom.errors import MigrationLockTimeout
     from mailroom.migrate import upgrade
 
     settings = load_settings("migrate")
-    upgrade(settings.database.url)
+    try:
+        upgrade(settings.database.url)
+    except MigrationLockTimeout as exc:
+        typer.echo(f"mailroom: migrate: {exc}. Nothing was applied; try again.", err=True)
+        raise typer.Exit(1) from None
     typer.echo("database is at head")
 
 

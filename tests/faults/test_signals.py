@@ -18,7 +18,7 @@ import pytest
 
 from mailroom.migrate import PROJECT_ROOT
 
-pytestmark = pytest.mark.faults
+pytestmark = [pytest.mark.faults, pytest.mark.timeout(300)]
 
 #: Log text each command prints once it serves.
 READY = {
@@ -29,7 +29,7 @@ READY = {
     "recognizer": "recognizer: listening",
 }
 #: Longest start-up we wait for (a loaded CI machine), in seconds.
-START_TIMEOUT_S = 60.0
+START_TIMEOUT_S = 120.0
 
 
 def _start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:

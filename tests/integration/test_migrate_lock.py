@@ -14,6 +14,8 @@ import pytest
 from psycopg import sql
 from sqlalchemy import create_engine, pool
 
+from mailroom import migrate
+from mailroom.errors import MigrationLockTimeout
 from mailroom.migrate import DDL_LOCK_TIMEOUT_MS, MIGRATION_LOCK_KEY, PROJECT_ROOT, migration_lock
 
 pytestmark = pytest.mark.integration
@@ -54,6 +56,11 @@ def _migrate(url: str) -> subprocess.Popen[str]:
     )
 
 
+#: Longest a run may take to start and reach the lock on a loaded machine, in seconds.
+START_TIMEOUT_S = 120
+
+
+@pytest.mark.timeout(300)
 def test_two_concurrent_migrate_runs_both_succeed_and_migrate_once(postgres_server, empty_database):
     dsn = postgres_server.dsn(empty_database)
     with psycopg.connect(dsn, autocommit=True) as holder:
@@ -62,7 +69,7 @@ def test_two_concurrent_migrate_runs_both_succeed_and_migrate_once(postgres_serv
         # When two runs start at once
         runs = [_migrate(postgres_server.url(empty_database)) for _ in range(2)]
         try:
-            deadline = time.monotonic() + 60
+            deadline = time.monotonic() + START_TIMEOUT_S
             while _waiting_for_the_lock(holder) < 2 and time.monotonic() < deadline:
                 assert all(run.poll() is None for run in runs), [r.stdout.read() for r in runs]
                 time.sleep(0.1)
@@ -72,7 +79,7 @@ def test_two_concurrent_migrate_runs_both_succeed_and_migrate_once(postgres_serv
             assert tables.fetchone() == (0,)
         finally:
             holder.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))
-        outputs = [run.communicate(timeout=60)[0] for run in runs]
+        outputs = [run.communicate(timeout=START_TIMEOUT_S)[0] for run in runs]
 
     # And once it is free both exit 0, one of them having run the migrations
     assert [run.returncode for run in runs] == [0, 0], outputs
@@ -96,3 +103,18 @@ def test_migrations_run_with_a_short_lock_timeout_under_the_lock(postgres_server
         engine.dispose()
     assert timeout == f"{DDL_LOCK_TIMEOUT_MS // 1000}s"
     assert held == 1
+
+
+def test_a_run_that_waits_too_long_for_the_lock_gives_up_and_says_why(
+    postgres_server, empty_database, monkeypatch
+):
+    monkeypatch.setattr(migrate, "LOCK_WAIT_MS", 300)
+    engine = create_engine(postgres_server.url(empty_database), poolclass=pool.NullPool)
+    with psycopg.connect(postgres_server.dsn(empty_database), autocommit=True) as holder:
+        holder.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK_KEY,))
+        try:
+            with pytest.raises(MigrationLockTimeout, match="held the lock"):
+                with engine.connect() as connection, migration_lock(connection):
+                    pass
+        finally:
+            engine.dispose()
