@@ -139,6 +139,8 @@ class NatsClient:
         self._nc: NatsConnection | None = None
         self._js: JetStreamContext | None = None
         self._closing = False
+        #: The last error logged: the client retries every reconnect_wait_s and says so once.
+        self._last_error: str | None = None
 
     @property
     def jetstream(self) -> bool:
@@ -347,7 +349,10 @@ class NatsClient:
     async def _on_error(self, exc: Exception) -> None:
         if self._closing:
             return
-        logger.warning("NATS error (%s): %s", self.name, type(exc).__name__)
+        error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        if error != self._last_error:
+            logger.warning("NATS error (%s) at %s: %s", self.name, self.settings.url, error)
+            self._last_error = error
 
     async def _on_disconnected(self) -> None:
         if self._closing:
@@ -355,6 +360,7 @@ class NatsClient:
         logger.warning("NATS disconnected (%s); reconnecting", self.name)
 
     async def _on_reconnected(self) -> None:
+        self._last_error = None
         logger.info("NATS reconnected (%s)", self.name)
 
 
