@@ -351,7 +351,8 @@ class NatsClient:
             return
         error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         if error != self._last_error:
-            logger.warning("NATS error (%s) at %s: %s", self.name, self.settings.url, error)
+            # NOTE: not the URL: it may carry a password; the error names host and port.
+            logger.warning("NATS error (%s): %s", self.name, error)
             self._last_error = error
 
     async def _on_disconnected(self) -> None:
