@@ -73,8 +73,11 @@ def worker(
     processes: int = typer.Option(2, "--processes", "-p"),
     threads: int = typer.Option(8, "--threads", "-t"),
 ) -> None:
-    """Run Dramatiq workers for the actors (same as ``dramatiq actors``)."""
-    args = [sys.executable, "-m", "dramatiq", "actors", "-p", str(processes), "-t", str(threads)]
+    """Run Dramatiq workers for the actors (``dramatiq actors``, logging as set up here)."""
+    # Through mailroom.dramatiq_main: Dramatiq's main process then logs in the format
+    # of the settings (JSON lines too), like the worker processes it starts.
+    args = [sys.executable, "-m", "mailroom.dramatiq_main", "actors"]
+    args += ["-p", str(processes), "-t", str(threads)]
     if queues:
         args += ["--queues", *queues]
     args += list(ctx.args)
