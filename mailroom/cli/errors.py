@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -76,7 +77,7 @@ def _describe_one(exc: BaseException) -> Failure | None:
         failure = describer(exc)
         if failure is not None:
             return failure
-    if isinstance(exc, OSError) and not isinstance(exc, FileNotFoundError | PermissionError):
+    if isinstance(exc, ConnectionError | TimeoutError | socket.gaierror):
         return _unavailable("cannot connect", str(exc) or type(exc).__name__, "the server URLs")
     return None
 
