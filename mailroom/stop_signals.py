@@ -11,6 +11,7 @@ exits at once on a later one, for an operator who really means "now".
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import signal
@@ -79,4 +80,13 @@ def handle_stop_signals(
     handler = StopHandler(graceful, kill_code=kill_code)
     for signum in signums:
         signal.signal(signum, handler)
+    atexit.register(_ignore, signums)
     return handler
+
+
+def _ignore(signums: tuple[int, ...]) -> None:
+    # While Python finalizes it resets Python-level handlers to SIG_DFL, so a copy of the
+    # stop signal arriving then would kill a process that already stopped cleanly (exit -2).
+    # Ignored signals it leaves alone.
+    for signum in signums:
+        signal.signal(signum, signal.SIG_IGN)
