@@ -46,7 +46,7 @@ def run_redis_maintenance(broker: RedisBroker, queues: set[str] | None = None) -
                 broker.heartbeat_timeout,
                 broker.dead_message_ttl,
                 1,
-                broker._max_unpack_size(),
+                broker._max_unpack_size(),  # type: ignore[no-untyped-call]
             ],
             keys=[broker.namespace],
         )
