@@ -11,9 +11,10 @@ fmt: ## Format and autofix
 	uv run ruff format .
 	uv run ruff check --fix .
 
-lint: ## Ruff, formatting and migration drift
+lint: ## Ruff, formatting, layering contracts and migration drift
 	uv run ruff check .
 	uv run ruff format --check .
+	uv run lint-imports
 	uv run python -m mailroom.devtools.ci_checks alembic-check
 
 test: ## The whole test suite (starts its own servers)

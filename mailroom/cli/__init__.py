@@ -11,8 +11,8 @@ import sys
 
 import typer
 
-from mailroom.cli import dead_letters, delivery, errors, intake, recognition
-from mailroom.settings import DEV_IMAP_PORT, DEV_SMTP_PORT, DEV_WEBHOOK_PORT, Settings
+from mailroom.cli import dead_letters, delivery, dev, errors, intake, recognition
+from mailroom.settings import Settings
 
 # NOTE: tracebacks with locals would print URLs with their passwords.
 app = errors.FriendlyTyper(
@@ -25,6 +25,7 @@ app.add_typer(recognition.app, name="recognition")
 app.add_typer(delivery.app, name="delivery")
 app.add_typer(dead_letters.app, name="dead-letters")
 app.command("notify")(delivery.notify)
+app.command("dev")(dev.dev)
 
 
 @app.callback()
@@ -132,28 +133,6 @@ def recognizer() -> None:
     from mailroom.recognition.reference import run
 
     raise typer.Exit(run(settings))
-
-
-@app.command()
-def dev(
-    state_dir: str = typer.Option(None, help="Where the embedded servers keep their data."),
-    seed: bool = typer.Option(True, help="Put sample mails into the dev IMAP inbox."),
-    imap_port: int = typer.Option(DEV_IMAP_PORT, help="Port of the dev IMAP server."),
-    webhook_port: int = typer.Option(DEV_WEBHOOK_PORT, help="Port of the local webhook sink."),
-    smtp_port: int = typer.Option(DEV_SMTP_PORT, help="Port of the local SMTP sink."),
-) -> None:
-    """Run the whole system on embedded services; Ctrl+C stops everything."""
-    from mailroom.devtools.dev import run_dev
-
-    raise typer.Exit(
-        run_dev(
-            state_dir=state_dir,
-            seed=seed,
-            imap_port=imap_port,
-            webhook_port=webhook_port,
-            smtp_port=smtp_port,
-        )
-    )
 
 
 @app.command()

@@ -157,6 +157,17 @@ def _postgres(exc: BaseException) -> Failure | None:
         )
     if not isinstance(exc, psycopg.OperationalError):
         return None
+    # Reached, but the statement waited too long: a lock held by another session, or the
+    # statement timeout. "Cannot reach" would send the operator to the wrong place.
+    if isinstance(exc, psycopg.errors.LockNotAvailable):
+        return _unavailable(
+            "a table is locked by another Postgres session",
+            detail,
+            variable,
+            "Try again once it ends (see pg_stat_activity).",
+        )
+    if isinstance(exc, psycopg.errors.QueryCanceled):
+        return _unavailable("a Postgres statement timed out", detail, variable, "Try again.")
     if re.search(r"authentication failed|no password supplied|role .* does not exist", detail):
         return _unavailable(
             "Postgres refused the login", detail, variable, "Check the user and password."

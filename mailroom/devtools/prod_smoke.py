@@ -141,6 +141,23 @@ def _run_one_shot(bin_dir: Path, args: list[str], env: dict[str, str], cwd: Path
     return output
 
 
+def check_dev_refused(bin_dir: Path, env: dict[str, str], cwd: Path) -> str:
+    """``mailroom dev`` without the dev tooling: one line naming what is missing, exit 2."""
+    result = subprocess.run(
+        [str(bin_dir / "mailroom"), "dev"],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=ONE_SHOT_TIMEOUT_S,
+        check=False,
+    )
+    lines = (result.stdout + result.stderr).strip().splitlines()
+    if result.returncode != 2 or len(lines) != 1 or "dev dependencies" not in lines[0]:
+        raise SmokeFailure(f"mailroom dev: exit {result.returncode}\n" + "\n".join(lines[-40:]))
+    return f"  dev: refused in one line ({lines[0]})"
+
+
 def check_imports(python: Path, env: dict[str, str], cwd: Path) -> str:
     # -I: no checkout on sys.path, no PYTHONPATH, no user site-packages.
     result = subprocess.run(
@@ -241,6 +258,7 @@ def smoke(python: Path) -> None:
                 **_settings_env(state, postgres.url(), redis.url, nats.url),
             }
             print(check_imports(python, env, work))
+            print(check_dev_refused(bin_dir, env, work))
             _run_one_shot(bin_dir, ["migrate"], env, work)
             print("  migrate: exit 0")
             _run_one_shot(bin_dir, ["status"], env, work)

@@ -75,6 +75,13 @@ def test_refused_database_login_and_missing_schema_get_their_own_advice():
     assert "mailroom migrate" in _lines(schema)[1]
 
 
+def test_a_lock_wait_or_statement_timeout_is_not_called_unreachable():
+    [lock, _] = _lines(psycopg.errors.LockNotAvailable("canceling statement due to lock timeout"))
+    assert lock.startswith("mailroom: a table is locked by another Postgres session")
+    [timeout, _] = _lines(psycopg.errors.QueryCanceled("canceling statement due to timeout"))
+    assert timeout.startswith("mailroom: a Postgres statement timed out")
+
+
 def test_a_failure_inside_an_exception_group_is_found():
     group = ExceptionGroup("tasks", [ConnectionRefusedError(111, "Connection refused")])
     assert "cannot connect" in _lines(group)[0]
