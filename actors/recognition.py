@@ -164,7 +164,11 @@ async def map_recognition_result(job_id: str) -> None:
 @dramatiq.actor(queue_name=queues.MAINTENANCE, retry_policy=RetryPolicy(max_attempts=1))
 async def expire_recognition_deadlines() -> None:
     """Time out jobs past their reply deadline."""
-    result = await watchdog.expire_recognition_deadlines(await current().sessions())
+    resources = current()
+    result = await watchdog.expire_recognition_deadlines(
+        await resources.sessions(),
+        batch_size=resources.settings.recognition.watchdog_batch_size,
+    )
     on_mails_final(result.finalized_mail_ids)
 
 

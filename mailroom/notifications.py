@@ -203,12 +203,15 @@ async def notify_final_mails(
     sessions: async_sessionmaker[AsyncSession],
     redis: aioredis.Redis,
     settings: DeliverySettings,
-    limit: int = 100,
+    limit: int | None = None,
 ) -> tuple[list[int], bool]:
     """One pass: finalize settled mails, create notifications, commit, put them on the stream.
 
-    Returns the new message ids and whether more mails may be waiting.
+    At most ``limit`` mails (``notification_batch_size``) per pass, so a backlog
+    is worked off in bounded transactions. Returns the new message ids and
+    whether more mails may be waiting.
     """
+    limit = limit or settings.notification_batch_size
     async with transaction(sessions) as session:
         await finalize_settled_mails(session, now=datetime.now(UTC), limit=limit)
     async with transaction(sessions) as session:

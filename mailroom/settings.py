@@ -135,6 +135,10 @@ class NatsSettings(StrictModel):
     bridge_fetch_timeout_s: float = 1.0
     #: Unacked JetStream messages are redelivered to a bridge after this long, in seconds.
     bridge_ack_wait_s: float = 30.0
+    #: Results a core-NATS subscription buffers before it drops more (slow consumer), in messages.
+    core_pending_msgs_limit: int = 10_000
+    #: Bytes a core-NATS subscription buffers before it drops more (slow consumer), in bytes.
+    core_pending_bytes_limit: int = 64 * 1024 * 1024
 
     def subject(self, name: str) -> str:
         return f"{self.subject_prefix}{name}"
@@ -227,6 +231,8 @@ class RecognitionSettings(StrictModel):
     unmapped_after_s: float = 60.0
     #: Jobs one unmapped-result sweep re-sends at most.
     sweep_batch_size: int = 500
+    #: Jobs one watchdog transaction times out at most; a pass loops over batches, in jobs.
+    watchdog_batch_size: int = 500
     #: Inbox messages larger than this are rejected unread, in bytes.
     max_message_bytes: int = 256 * 1024
     #: Result files larger than this are not mapped, in bytes.
@@ -328,6 +334,8 @@ class DeliverySettings(StrictModel):
     readd_after_s: float = 600.0
     #: Most messages one re-add or stale-recovery pass handles.
     sweep_batch_size: int = 1_000
+    #: Final mails one notification pass handles (the actor re-sends itself for more), in mails.
+    notification_batch_size: int = 100
     #: How often the bridge looks for entries of dead bridges (XAUTOCLAIM), in milliseconds.
     claim_interval_ms: int = 5_000
     #: Longest wait between the bridge's reconnect attempts, in seconds.

@@ -1,11 +1,17 @@
 """The deadline watchdog: jobs without a result by their reply deadline time out.
 
-One ``UPDATE … RETURNING`` moves every ``published``/``processing`` job past its
-deadline to ``timeout`` and, in the same statement, their files to ERROR when
-the job is still the file's current one. The UPDATE locks each row it changes
-and re-checks the status after any wait, so whoever locks a row first decides:
-a result committed first leaves the job out; a result arriving after finds it
-``timeout`` and is ignored as late.
+A pass works in batches, each its own short transaction: it locks up to
+``batch_size`` due ``published``/``processing`` jobs (oldest deadline first,
+``FOR UPDATE SKIP LOCKED``), moves them to ``timeout`` and, in the same
+statement, their files to ERROR when the job is still the file's current one.
+Batches keep one statement's work bounded, so a backlog after an outage never
+runs into the statement timeout; the pass loops until a batch comes back short.
+
+Whoever locks a row first decides: a result committed first leaves the job out
+(the lock re-checks the status of a row changed since the snapshot); a row the
+inbox holds locked right now is skipped, not waited on, and taken by the next
+pass if still due; a result arriving after finds it ``timeout`` and is ignored
+as late.
 """
 
 from __future__ import annotations
@@ -27,12 +33,19 @@ TIMEOUT_REASON = "TIMEOUT: no result before the reply deadline"
 
 _EXPIRE = text(
     """
-    WITH expired AS (
-        UPDATE recognition_job
+    WITH due AS (
+        SELECT id FROM recognition_job
+         WHERE status IN ('published', 'processing') AND reply_deadline < :now
+         ORDER BY reply_deadline
+         LIMIT :limit
+           FOR UPDATE SKIP LOCKED
+    ), expired AS (
+        UPDATE recognition_job AS j
            SET status = 'timeout', error_code = 'TIMEOUT',
                error_message = 'no result before the reply deadline', finished_at = :now
-         WHERE status IN ('published', 'processing') AND reply_deadline < :now
-        RETURNING id, file_id
+          FROM due
+         WHERE j.id = due.id AND j.status IN ('published', 'processing')
+        RETURNING j.id, j.file_id
     ), failed_files AS (
         UPDATE stored_file AS f
            SET status = 'ERROR', status_reason = :reason, updated_at = :now
@@ -46,6 +59,9 @@ _EXPIRE = text(
     """
 )
 
+#: Jobs one watchdog transaction times out at most when the caller names no batch size.
+DEFAULT_BATCH_SIZE = 500
+
 
 @dataclass
 class WatchdogPass:
@@ -54,13 +70,31 @@ class WatchdogPass:
 
 
 async def expire_recognition_deadlines(
-    sessions: async_sessionmaker[AsyncSession], *, now: datetime | None = None
+    sessions: async_sessionmaker[AsyncSession],
+    *,
+    now: datetime | None = None,
+    batch_size: int = DEFAULT_BATCH_SIZE,
 ) -> WatchdogPass:
-    """Time out every job past its reply deadline; its current file goes to ERROR."""
+    """Time out every job past its reply deadline, ``batch_size`` per transaction."""
     now = now or utcnow()
     outcome = WatchdogPass()
+    while True:
+        batch = await _expire_batch(sessions, now=now, limit=batch_size)
+        outcome.timed_out += batch.timed_out
+        outcome.finalized_mail_ids += batch.finalized_mail_ids
+        # NOTE: a short batch means nothing more is due that is not locked by someone else.
+        if len(batch.timed_out) < batch_size:
+            break
+    return outcome
+
+
+async def _expire_batch(
+    sessions: async_sessionmaker[AsyncSession], *, now: datetime, limit: int
+) -> WatchdogPass:
+    outcome = WatchdogPass()
     async with sessions() as session, session.begin():
-        rows = (await session.execute(_EXPIRE, {"now": now, "reason": TIMEOUT_REASON})).all()
+        params = {"now": now, "reason": TIMEOUT_REASON, "limit": limit}
+        rows = (await session.execute(_EXPIRE, params)).all()
         outcome.timed_out = [row.id for row in rows]
         mail_ids = {row.mail_id for row in rows if row.mail_id is not None}
         outcome.finalized_mail_ids = await finalize_mails(session, mail_ids, now=now)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 
 import pytest
+from sqlalchemy import text
 
 from mailroom.recognition.watchdog import expire_recognition_deadlines
 from tests.fixtures.recognition import at
@@ -52,3 +54,43 @@ async def test_a_second_watchdog_pass_changes_nothing(db_sessions, recognition_f
     first = await expire_recognition_deadlines(db_sessions, now=T0)
     second = await expire_recognition_deadlines(db_sessions, now=T0 + timedelta(seconds=30))
     assert (len(first.timed_out), second.timed_out) == (1, [])
+
+
+async def test_more_due_jobs_than_the_batch_size_all_time_out_across_batches(
+    db_sessions, recognition_factory
+):
+    deadline = T0 - timedelta(seconds=1)
+    refs = [
+        await recognition_factory.create_job(status="published", reply_deadline=deadline)
+        for _ in range(5)
+    ]
+
+    outcome = await expire_recognition_deadlines(db_sessions, now=T0, batch_size=2)
+
+    assert sorted(outcome.timed_out) == sorted(ref.job_id for ref in refs)
+    for ref in refs:
+        assert (await recognition_factory.job(ref.job_id))["status"] == "timeout"
+    assert sorted(outcome.finalized_mail_ids) == sorted(ref.mail_id for ref in refs)
+
+
+async def test_a_job_locked_by_someone_else_is_skipped_not_waited_on(
+    db_sessions, recognition_factory
+):
+    deadline = T0 - timedelta(seconds=1)
+    held = await recognition_factory.create_job(status="processing", reply_deadline=deadline)
+    free = await recognition_factory.create_job(status="processing", reply_deadline=deadline)
+
+    async with db_sessions() as inbox, inbox.begin():
+        # The inbox holds the row lock while it applies a result.
+        await inbox.execute(
+            text("SELECT id FROM recognition_job WHERE id = :id FOR UPDATE"), {"id": held.job_id}
+        )
+        outcome = await asyncio.wait_for(
+            expire_recognition_deadlines(db_sessions, now=T0, batch_size=1), timeout=10
+        )
+    assert outcome.timed_out == [free.job_id]
+    assert (await recognition_factory.job(held.job_id))["status"] == "processing"
+
+    # Released and still due: the next pass takes it.
+    later = await expire_recognition_deadlines(db_sessions, now=T0, batch_size=1)
+    assert later.timed_out == [held.job_id]
