@@ -96,8 +96,11 @@ def build_broker(settings: Settings) -> dramatiq.Broker:
         return RabbitmqBroker(url=settings.broker.rabbitmq_url, middleware=middleware)
     from dramatiq.brokers.redis import RedisBroker
 
+    from mailroom.adapters.redis_client import sync_client
+
+    # A client, not a URL: Dramatiq builds a URL's pool without timeouts or retries.
     return RedisBroker(
-        url=settings.broker_redis_url,
+        client=sync_client(settings.broker_redis_url, settings.redis),
         namespace=settings.broker.namespace,
         heartbeat_timeout=settings.broker.heartbeat_timeout_ms,
         middleware=middleware,

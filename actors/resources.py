@@ -77,7 +77,9 @@ class Resources:
 
     async def redis(self) -> aioredis.Redis:
         async def build() -> aioredis.Redis:
-            return aioredis.Redis.from_url(self.settings.redis.url)
+            from mailroom.adapters.redis_client import async_client
+
+            return async_client(self.settings.redis.url, self.settings.redis)
 
         async def close(client: aioredis.Redis) -> None:
             await client.aclose()

@@ -25,9 +25,10 @@ import redis.asyncio as aioredis
 import redis.exceptions
 
 from mailroom.adapters.redis import CONNECTION_ERRORS, READ_NEW_PACKED, unpack_entries
+from mailroom.adapters.redis_client import async_client
 from mailroom.delivery import metrics
 from mailroom.delivery.contracts import PAYLOAD_FIELD, decode_payload
-from mailroom.settings import DeliverySettings, Settings
+from mailroom.settings import DeliverySettings, RedisSettings, Settings
 from mailroom.stop_signals import handle_stop_signals
 
 logger = logging.getLogger(__name__)
@@ -303,12 +304,12 @@ def _payloads(entries: Sequence[tuple[Any, Any]]) -> list[Entry]:
     return found
 
 
-def create_client(url: str, settings: DeliverySettings) -> aioredis.Redis:
+def create_client(
+    url: str, settings: DeliverySettings, redis_settings: RedisSettings | None = None
+) -> aioredis.Redis:
     """A client whose reads outlast the blocking XREADGROUP."""
-    return aioredis.Redis.from_url(
-        url,
-        socket_connect_timeout=2.0,
-        socket_timeout=settings.read_block_ms / 1000 + 5.0,
+    return async_client(
+        url, redis_settings or RedisSettings(), block_s=settings.read_block_ms / 1000
     )
 
 
@@ -317,7 +318,7 @@ async def serve(settings: Settings, send: Callable[[list[int]], object]) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     handle_stop_signals(lambda *_: loop.call_soon_threadsafe(stop.set))
-    client = create_client(settings.redis.url, settings.delivery)
+    client = create_client(settings.redis.url, settings.delivery, settings.redis)
     try:
         await StreamBridge(client, settings=settings.delivery, send=send, stop=stop).run()
     finally:

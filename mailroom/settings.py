@@ -83,6 +83,18 @@ class DatabaseSettings(StrictModel):
 
 class RedisSettings(StrictModel):
     url: str = f"redis://127.0.0.1:{DEV_REDIS_PORT}/0"
+    #: Longest wait for a new connection, in seconds.
+    connect_timeout_s: float = 2.0
+    #: Longest wait for a reply, in seconds (a blocking read waits its block time on top).
+    socket_timeout_s: float = 5.0
+    #: A pooled connection idle this long is PINGed before use, in seconds (0: never).
+    health_check_interval_s: int = 10
+    #: Retries of a command after a connection error or timeout, in attempts.
+    retry_attempts: int = 6
+    #: First wait before a retry, doubled per retry, in seconds.
+    retry_backoff_base_s: float = 0.05
+    #: Longest wait before a retry, in seconds.
+    retry_backoff_cap_s: float = 2.0
 
 
 class BrokerSettings(StrictModel):

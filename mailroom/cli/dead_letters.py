@@ -21,6 +21,7 @@ from dramatiq import Message
 from rich.console import Console
 from rich.table import Table
 
+from mailroom.adapters.redis_client import sync_client
 from mailroom.audit import OPERATOR, operator_id, record_audit_event
 from mailroom.settings import Settings
 
@@ -53,7 +54,7 @@ def _queues(settings: Settings) -> list[str]:
 
 
 def _client(settings: Settings) -> redis.Redis:
-    return redis.Redis.from_url(settings.broker_redis_url)
+    return sync_client(settings.broker_redis_url, settings.redis)
 
 
 def _last_line(traceback: str | None) -> str:

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from mailroom.adapters.redis_client import async_client
 from mailroom.audit import operator_id
 from mailroom.db import create_engine, create_sessionmaker, transaction
 from mailroom.settings import Settings
@@ -34,7 +35,7 @@ def _run(settings: Settings, work: Callable[[Clients], Awaitable[T]]) -> T:
 
     async def main() -> T:
         engine = create_engine(settings.database)
-        client = aioredis.Redis.from_url(settings.redis.url)
+        client = async_client(settings.redis.url, settings.redis)
         try:
             return await work((create_sessionmaker(engine), client))
         finally:

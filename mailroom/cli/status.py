@@ -16,6 +16,7 @@ from rich.table import Table
 from sqlalchemy import func, select
 
 from actors.queues import ALL as QUEUES
+from mailroom.adapters.redis_client import async_client
 from mailroom.db import create_engine, create_sessionmaker, libpq_dsn
 from mailroom.models import ChannelMessage, InboundMail, MailboxCursor, RecognitionJob, StoredFile
 from mailroom.settings import Settings
@@ -67,7 +68,7 @@ async def collect_status(settings: Settings) -> dict[str, Any]:
 
 
 async def _redis_status(settings: Settings) -> dict[str, Any]:
-    client = aioredis.Redis.from_url(settings.broker_redis_url, decode_responses=True)
+    client = async_client(settings.broker_redis_url, settings.redis, decode_responses=True)
     namespace = settings.broker.namespace
     try:
         queues = {}

@@ -21,6 +21,7 @@ from mailroom.delivery.contracts import decode_entry
 from mailroom.delivery.deliver import Deliverer, Outcome
 from mailroom.delivery.locks import LockOwner
 from mailroom.devtools.stack import EmbeddedRedis
+from mailroom.settings import RedisSettings
 from tests.fixtures.delivery import ScriptedOutbound, load_message, make_message
 
 pytestmark = pytest.mark.integration
@@ -203,7 +204,9 @@ async def test_own_pending_entries_are_read_again_after_a_restart_of_the_loop(
 
 async def test_bridge_survives_a_redis_restart(tmp_path: Path, delivery_settings):
     server = EmbeddedRedis(tmp_path / "redis").start()
-    client = create_client(server.url, delivery_settings)
+    # No client retries: they would hide this short outage from the bridge's own
+    # reconnect path, which is what this test is about (tests/faults covers retries).
+    client = create_client(server.url, delivery_settings, RedisSettings(retry_attempts=0))
     probe = aioredis.Redis.from_url(server.url)
     try:
         recorder = Recorder()

@@ -1,0 +1,58 @@
+"""Redis clients bounded in time that ride out a Redis restart.
+
+Without these options a client waits forever on a black-holed server, and after
+a restart every pooled connection is dead: the first command on each fails
+although Redis is back. Timeouts bound every wait; the health check PINGs a
+connection idle longer than its interval before use; the retry reconnects and
+repeats a command that hit a connection error or timeout, with a doubling wait,
+so a restart of a few seconds costs those seconds and no failed call.
+
+A repeated command may have run once already (the reply was lost); every
+caller is Postgres-first and its Redis writes are idempotent or deduplicated.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+import redis.asyncio.retry
+import redis.retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError, TimeoutError
+
+from mailroom.settings import RedisSettings
+
+RETRIED_ERRORS = (ConnectionError, TimeoutError)
+
+
+def _options(settings: RedisSettings, block_s: float) -> dict[str, Any]:
+    return {
+        "socket_connect_timeout": settings.connect_timeout_s,
+        # A blocking read (XREADGROUP BLOCK) is silent for its block time: the
+        # socket must wait that long plus the usual reply time.
+        "socket_timeout": settings.socket_timeout_s + block_s,
+        "health_check_interval": settings.health_check_interval_s,
+        "retry_on_error": list(RETRIED_ERRORS),
+    }
+
+
+def _backoff(settings: RedisSettings) -> ExponentialBackoff:
+    return ExponentialBackoff(cap=settings.retry_backoff_cap_s, base=settings.retry_backoff_base_s)
+
+
+def async_client(
+    url: str, settings: RedisSettings, *, block_s: float = 0.0, **extra: Any
+) -> aioredis.Redis:
+    """An asyncio client for ``url``; ``block_s`` is its longest blocking read."""
+    retry = redis.asyncio.retry.Retry(_backoff(settings), settings.retry_attempts, RETRIED_ERRORS)
+    return aioredis.Redis.from_url(url, retry=retry, **_options(settings, block_s), **extra)
+
+
+def sync_client(
+    url: str, settings: RedisSettings, *, block_s: float = 0.0, **extra: Any
+) -> redis.Redis:
+    """A blocking client for ``url`` (Dramatiq's broker, CLI tools)."""
+    retry = redis.retry.Retry(_backoff(settings), settings.retry_attempts, RETRIED_ERRORS)
+    return redis.Redis.from_url(url, retry=retry, **_options(settings, block_s), **extra)
