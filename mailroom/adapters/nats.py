@@ -327,9 +327,17 @@ class NatsClient:
                 )
             return _PullSubscription(sub)
         nc = self._require_nc()
-        core = _CoreSubscription()
+        core = _CoreSubscription(buffer=s.bridge_fetch_batch)
         with _translate_errors(f"subscribe {subject}"):
-            core.sub = await nc.subscribe(subject, queue=s.inbox_queue_group, cb=core.on_message)
+            # Past these limits nats-py drops results (slow consumer, logged by _on_error)
+            # rather than grow without bound; the outbox republishes what is lost.
+            core.sub = await nc.subscribe(
+                subject,
+                queue=s.inbox_queue_group,
+                cb=core.on_message,
+                pending_msgs_limit=s.core_pending_msgs_limit,
+                pending_bytes_limit=s.core_pending_bytes_limit,
+            )
             # Core NATS drops what is published before the server has the SUB, so
             # "subscribed" means the server answered a PING sent after it.
             await nc.flush(timeout=s.publish_timeout_s)  # type: ignore[arg-type]
@@ -396,9 +404,11 @@ class _PullSubscription:
 class _CoreSubscription:
     """Queue-group subscription; a local queue turns pushed messages into fetches."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, buffer: int) -> None:
         self.sub: Subscription | None = None
-        self._queue: asyncio.Queue[Msg] = asyncio.Queue()
+        # NOTE: bounded, so a slow bridge makes ``on_message`` wait and the backlog stays
+        # in nats-py's pending queue, where the subscription's pending limits apply.
+        self._queue: asyncio.Queue[Msg] = asyncio.Queue(maxsize=max(1, buffer))
 
     async def on_message(self, msg: Msg) -> None:
         await self._queue.put(msg)
