@@ -330,7 +330,8 @@ class NatsClient:
         core = _CoreSubscription(buffer=s.bridge_fetch_batch)
         with _translate_errors(f"subscribe {subject}"):
             # Past these limits nats-py drops results (slow consumer, logged by _on_error)
-            # rather than grow without bound; the outbox republishes what is lost.
+            # rather than grow without bound: core NATS is at most once anyway, and the
+            # outbox (no ack) or the watchdog (no result) settles a job whose answer is lost.
             core.sub = await nc.subscribe(
                 subject,
                 queue=s.inbox_queue_group,
