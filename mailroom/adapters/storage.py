@@ -87,6 +87,10 @@ class ObjectStore(Protocol):
 
     async def get(self, bucket: str, key: str) -> bytes: ...
 
+    async def size(self, bucket: str, key: str) -> int:
+        """The object's size in bytes, without reading it (``ObjectNotFound`` if absent)."""
+        ...
+
     async def exists(self, bucket: str, key: str) -> bool: ...
 
 
@@ -162,6 +166,13 @@ class FilesystemStore(_Buckets):
         path = Path(self._path(bucket, key))
         try:
             return await asyncio.to_thread(path.read_bytes)
+        except FileNotFoundError as exc:
+            raise ObjectNotFound(f"{bucket}/{key}") from exc
+
+    async def size(self, bucket: str, key: str) -> int:
+        path = self._path(bucket, key)
+        try:
+            return (await asyncio.to_thread(os.stat, path)).st_size
         except FileNotFoundError as exc:
             raise ObjectNotFound(f"{bucket}/{key}") from exc
 
@@ -369,6 +380,13 @@ class S3Store(_Buckets):
             return await asyncio.to_thread(self._get, bucket, key)
         except Exception as exc:
             raise self._translate(exc, f"get {bucket}/{key}") from exc
+
+    async def size(self, bucket: str, key: str) -> int:
+        try:
+            head = await asyncio.to_thread(self._client.head_object, Bucket=bucket, Key=key)
+        except Exception as exc:
+            raise self._translate(exc, f"head {bucket}/{key}") from exc
+        return int(head["ContentLength"])
 
     async def exists(self, bucket: str, key: str) -> bool:
         try:

@@ -38,10 +38,28 @@ MAPPING_ACTOR = ("system", "recognition.mapping")
 RESULT_STATUSES = ("done", "needs_check", "error")
 
 
+#: Error codes of a result object mapping refuses to read (job ``error_code``, file reason).
+INVALID_RESULT = "INVALID_RESULT"
+FOREIGN_BUCKET = "RESULT_FOREIGN_BUCKET"
+RESULT_TOO_LARGE = "RESULT_TOO_LARGE"
+
+
 class ResultReader(Protocol):
     """The part of the object store mapping needs."""
 
+    def bucket(self, role: Literal["results"]) -> str: ...
+
+    async def size(self, bucket: str, key: str) -> int: ...
+
     async def get(self, bucket: str, key: str) -> bytes: ...
+
+
+@dataclass(frozen=True)
+class Unusable:
+    """Why a result object cannot be used: the job's error code and message."""
+
+    code: str
+    message: str
 
 
 @dataclass
@@ -54,7 +72,7 @@ class Verdict:
     retryable: bool = False
     document: dict[str, Any] | None = None
     #: Set when the result file itself was unusable.
-    invalid_result: str | None = None
+    invalid_result: Unusable | None = None
 
 
 @dataclass
@@ -123,25 +141,35 @@ _SETTLE_FILE = text(
 
 async def load_result(
     store: ResultReader, bucket: str | None, key: str | None, *, job_id: uuid.UUID, max_bytes: int
-) -> RecognitionResult | str:
-    """The validated result, or why it cannot be used; storage outages propagate."""
+) -> RecognitionResult | Unusable:
+    """The validated result, or why it cannot be used; storage outages propagate.
+
+    Only the results bucket is read: the bucket comes from the service's message,
+    and mapping must not become a way to read mail or other stored files. The
+    size is checked before the read, so an oversize object never enters memory.
+    """
     if bucket is None or key is None:
-        return "no result object registered"
+        return Unusable(INVALID_RESULT, "no result object registered")
+    if bucket != store.bucket("results"):
+        return Unusable(FOREIGN_BUCKET, f"result object is in bucket {bucket[:100]!r}")
     try:
+        size = await store.size(bucket, key)
+        if size > max_bytes:
+            return Unusable(RESULT_TOO_LARGE, f"result object too large ({size} bytes)")
         data = await store.get(bucket, key)
     except PermanentError as exc:  # not found, unsafe key
-        return f"result object unreadable: {type(exc).__name__}"
-    if len(data) > max_bytes:
-        return f"result object too large ({len(data)} bytes)"
+        return Unusable(INVALID_RESULT, f"result object unreadable: {type(exc).__name__}")
+    if len(data) > max_bytes:  # replaced between the size check and the read
+        return Unusable(RESULT_TOO_LARGE, f"result object too large ({len(data)} bytes)")
     try:
         result = RecognitionResult.model_validate(parse_json_object(data))
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         if isinstance(exc, ValidationError):
             fields = sorted({str(e["loc"][0]) for e in exc.errors() if e["loc"]})[:5]
-            return f"result is not the contract ({', '.join(fields)})"
-        return "result is not a JSON object"
+            return Unusable(INVALID_RESULT, f"result is not the contract ({', '.join(fields)})")
+        return Unusable(INVALID_RESULT, "result is not a JSON object")
     if result.job_id != job_id:
-        return "result names another job"
+        return Unusable(INVALID_RESULT, "result names another job")
     return result
 
 
@@ -217,9 +245,12 @@ async def map_recognition_result(
         loaded = await load_result(
             store, job.bucket, job.key, job_id=job_id, max_bytes=settings.max_result_bytes
         )
-        if isinstance(loaded, str):
+        if isinstance(loaded, Unusable):
             verdict = Verdict(
-                "ERROR", reason=f"INVALID_RESULT: {loaded}", retryable=True, invalid_result=loaded
+                "ERROR",
+                reason=f"{loaded.code}: {loaded.message}"[:MAX_REASON_CHARS],
+                retryable=True,
+                invalid_result=loaded,
             )
         else:
             verdict = judge(loaded, service_status=job.status, settings=settings)
@@ -249,8 +280,8 @@ async def _write(
             {
                 "id": job_id,
                 "now": now,
-                "error_code": "INVALID_RESULT" if verdict.invalid_result else None,
-                "error_message": verdict.invalid_result,
+                "error_code": verdict.invalid_result.code if verdict.invalid_result else None,
+                "error_message": verdict.invalid_result.message if verdict.invalid_result else None,
             },
         )
         if not row.is_current:

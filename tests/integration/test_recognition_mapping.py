@@ -34,7 +34,9 @@ class Flow:
     def __init__(self, sessions, factory, store, settings):
         self.sessions, self.factory, self.store, self.settings = sessions, factory, store, settings
 
-    async def answer(self, ref, *, status="done", result=None, raw=None, error=None, attempt=1):
+    async def answer(
+        self, ref, *, status="done", result=None, raw=None, error=None, attempt=1, bucket=None
+    ):
         message = {
             "schema_version": "1.0",
             "job_id": str(ref.job_id),
@@ -53,7 +55,7 @@ class Flow:
                     ).encode()
                 )
                 await self.store.put("results", key, data, media_type="application/json")
-            message["result_s3"] = {"bucket": self.store.bucket("results"), "key": key}
+            message["result_s3"] = {"bucket": bucket or self.store.bucket("results"), "key": key}
         if error is not None:
             message["error"] = error
         outcome = await apply_recognition_message(
@@ -251,3 +253,63 @@ async def test_unmapped_results_older_than_the_setting_are_found_by_the_sweep(
 
     assert found_early == []
     assert found == [stale.job_id], "mapped jobs and errors that never reached a service stay out"
+
+
+class SpyStore:
+    """The real store, recording which objects were read whole."""
+
+    def __init__(self, store):
+        self.store, self.gets = store, []
+
+    def bucket(self, role):
+        return self.store.bucket(role)
+
+    async def size(self, bucket, key):
+        return await self.store.size(bucket, key)
+
+    async def get(self, bucket, key):
+        self.gets.append((bucket, key))
+        return await self.store.get(bucket, key)
+
+
+async def test_a_result_in_another_bucket_is_refused_unread(
+    flow, recognition_factory, store, recognition_settings
+):
+    ref = await recognition_factory.create_job(status="processing", attempt=2)
+    key = f"results/{ref.job_id}.json"
+    data = json.dumps({"schema_version": "1.0", "job_id": str(ref.job_id), **invoice()})
+    await store.put("mail", key, data.encode(), media_type="application/json")
+    await flow.answer(ref, attempt=2, bucket=store.bucket("mail"))
+    spy = SpyStore(store)
+
+    outcome = await map_recognition_result(
+        flow.sessions, spy, ref.job_id, settings=recognition_settings.recognition, now=T0
+    )
+
+    assert (outcome.file_status, spy.gets) == ("ERROR", [])
+    job = await recognition_factory.job(ref.job_id)
+    assert job["error_code"] == "RESULT_FOREIGN_BUCKET"
+    file = await recognition_factory.file(ref.file_id)
+    assert file["status_reason"].startswith("RESULT_FOREIGN_BUCKET:")
+    assert await recognition_factory.rows("SELECT id FROM document") == []
+
+
+async def test_an_oversize_result_is_refused_before_it_is_read(
+    flow, recognition_factory, store, recognition_settings
+):
+    ref = await recognition_factory.create_job(status="processing", attempt=2)
+    padding = {"note": {"value": "x" * 5_000, "confidence": 0.99}}
+    await flow.answer(ref, result=invoice(**padding), attempt=2)
+    spy = SpyStore(store)
+    settings = recognition_settings.recognition.model_copy(update={"max_result_bytes": 1_000})
+
+    outcome = await map_recognition_result(
+        flow.sessions, spy, ref.job_id, settings=settings, now=T0
+    )
+
+    assert (outcome.file_status, spy.gets) == ("ERROR", [])
+    job = await recognition_factory.job(ref.job_id)
+    assert job["error_code"] == "RESULT_TOO_LARGE" and "bytes" in job["error_message"]
+    assert (await recognition_factory.file(ref.file_id))["status_reason"].startswith(
+        "RESULT_TOO_LARGE:"
+    )

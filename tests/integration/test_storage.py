@@ -75,6 +75,13 @@ async def test_missing_object_is_a_clear_permanent_error(store):
     assert not await store.exists(store.bucket("results"), "absent.json")
 
 
+async def test_size_is_read_without_the_object_and_a_missing_one_is_not_found(store):
+    ref = await store.put("results", "sized.json", b'{"a": 1}', media_type="application/json")
+    assert await store.size(ref.bucket, "sized.json") == 8
+    with pytest.raises(ObjectNotFound):
+        await store.size(ref.bucket, "absent.json")
+
+
 @pytest.mark.parametrize("key", ["../escape", "/abs/path", "a/../../b", "a//b", ""])
 async def test_unsafe_keys_are_refused(store, key):
     with pytest.raises(InvalidKey):
