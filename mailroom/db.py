@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
@@ -29,10 +30,37 @@ def create_engine(settings: DatabaseSettings) -> AsyncEngine:
         # (and so Sentry) show the SQL only.
         hide_parameters=True,
         connect_args={
-            "options": f"-c statement_timeout={settings.statement_timeout_ms} -c timezone=UTC",
+            "options": f"-c statement_timeout={settings.statement_timeout_ms} -c timezone=UTC "
+            + server_keepalive_options(settings),
             # An unroutable host otherwise hangs for the OS's TCP timeout (minutes).
             "connect_timeout": settings.connect_timeout_s,
+            **keepalive_args(settings),
         },
+    )
+
+
+def keepalive_args(settings: DatabaseSettings) -> dict[str, Any]:
+    """libpq parameters that make our side notice a dead network in about 25 s.
+
+    Keepalives cover an idle connection; ``tcp_user_timeout`` covers one waiting on
+    unacknowledged data (a query sent into a black hole), which keepalives never probe.
+    """
+    return {
+        "keepalives": 1,
+        "keepalives_idle": settings.keepalive_idle_s,
+        "keepalives_interval": settings.keepalive_interval_s,
+        "keepalives_count": settings.keepalive_count,
+        "tcp_user_timeout": settings.tcp_user_timeout_ms,
+    }
+
+
+def server_keepalive_options(settings: DatabaseSettings) -> str:
+    """The same bounds for Postgres's side, so it ends (and unlocks) a vanished session."""
+    return (
+        f"-c tcp_keepalives_idle={settings.keepalive_idle_s}"
+        f" -c tcp_keepalives_interval={settings.keepalive_interval_s}"
+        f" -c tcp_keepalives_count={settings.keepalive_count}"
+        f" -c tcp_user_timeout={settings.tcp_user_timeout_ms}"
     )
 
 

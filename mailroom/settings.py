@@ -79,6 +79,14 @@ class DatabaseSettings(StrictModel):
     statement_timeout_ms: int = 30_000
     #: Longest wait for a new connection, in seconds (libpq counts whole seconds, at least 2).
     connect_timeout_s: int = 5
+    #: An idle connection is probed (TCP keepalive) after this long, in seconds.
+    keepalive_idle_s: int = 10
+    #: Wait between unanswered keepalive probes, in seconds.
+    keepalive_interval_s: int = 5
+    #: Unanswered probes after which the connection is dead, in probes.
+    keepalive_count: int = 3
+    #: Unacknowledged data older than this ends the connection, in milliseconds (0: the OS's).
+    tcp_user_timeout_ms: int = 25_000
 
 
 class RedisSettings(StrictModel):

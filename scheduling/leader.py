@@ -3,6 +3,10 @@
 The lock lives as long as the connection: when the leader dies (even kill -9)
 the kernel closes its socket, Postgres ends the session and frees the lock, and
 a standby polling ``try_acquire`` takes over within one retry period.
+
+A black-holed network closes no socket: TCP keepalives and ``tcp_user_timeout``
+on both ends end the session within about 25 s instead of the OS's minutes, so
+Postgres frees the lock for a standby and the old leader learns it lost it.
 """
 
 from __future__ import annotations
@@ -12,6 +16,9 @@ import os
 import socket
 
 import psycopg
+
+from mailroom.db import keepalive_args, server_keepalive_options
+from mailroom.settings import DatabaseSettings
 
 logger = logging.getLogger(__name__)
 
@@ -23,8 +30,16 @@ def holder_name() -> str:
 class LeaderElection:
     """Holds (or waits for) the scheduler's advisory lock."""
 
-    def __init__(self, dsn: str, key: int, *, name: str | None = None) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        key: int,
+        *,
+        name: str | None = None,
+        database: DatabaseSettings | None = None,
+    ) -> None:
         self.dsn = dsn
+        self.database = database or DatabaseSettings()
         self.key = key
         self.name = name or holder_name()
         self._conn: psycopg.Connection[tuple[object, ...]] | None = None
@@ -34,7 +49,12 @@ class LeaderElection:
     def _connect(self) -> psycopg.Connection[tuple[object, ...]]:
         if self._conn is None or self._conn.closed:
             self._conn = psycopg.connect(
-                self.dsn, autocommit=True, application_name=self.name[:63], connect_timeout=5
+                self.dsn,
+                autocommit=True,
+                application_name=self.name[:63],
+                connect_timeout=self.database.connect_timeout_s,
+                options=server_keepalive_options(self.database),
+                **keepalive_args(self.database),
             )
         return self._conn
 

@@ -70,7 +70,9 @@ class SchedulerService:
     def __init__(self, settings: Settings, *, election: LeaderElection | None = None) -> None:
         self.settings = settings
         self.election = election or LeaderElection(
-            libpq_dsn(settings.database.url), settings.scheduler.leader_lock_key
+            libpq_dsn(settings.database.url),
+            settings.scheduler.leader_lock_key,
+            database=settings.database,
         )
         self.stopping = threading.Event()
         self.is_leader = threading.Event()

@@ -64,3 +64,37 @@ def test_the_leading_service_sends_its_jobs_and_stops_cleanly(database_url, stub
     assert not thread.is_alive()
     assert metrics.LEADER._value.get() == 0
     assert current_leader(libpq_dsn(database_url), KEY + 1) is None
+
+
+def test_the_leader_connection_notices_a_dead_network_within_30_s(database_url):
+    # A black-holed network closes no socket: keepalives on both ends must end the session.
+    election = LeaderElection(libpq_dsn(database_url), KEY + 2, name="keepalive-a")
+    try:
+        assert election.try_acquire()
+        conn = election._conn
+        assert conn is not None
+        client = conn.info.get_parameters()  # libpq's side of the socket
+        assert client["keepalives"] == "1"
+        idle, interval, count = (
+            int(client[k]) for k in ("keepalives_idle", "keepalives_interval", "keepalives_count")
+        )
+        assert idle + interval * count <= 30
+        assert int(client["tcp_user_timeout"]) <= 30_000
+        # Postgres's side, which must end the session to free the lock for a standby.
+        server = {
+            name: conn.execute(f"SHOW {name}").fetchone()[0]  # type: ignore[index]
+            for name in (
+                "tcp_keepalives_idle",
+                "tcp_keepalives_interval",
+                "tcp_keepalives_count",
+                "tcp_user_timeout",
+            )
+        }
+        assert server == {
+            "tcp_keepalives_idle": "10",
+            "tcp_keepalives_interval": "5",
+            "tcp_keepalives_count": "3",
+            "tcp_user_timeout": "25000",
+        }
+    finally:
+        election.release()
