@@ -18,7 +18,7 @@ import redis.asyncio as aioredis
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from mailroom.adapters.redis import DeliveryRedis
+from mailroom.adapters.redis import DeliveryRedis, translate_errors
 from mailroom.db import transaction
 from mailroom.delivery import metrics
 from mailroom.delivery.producer import enqueue_messages, utcnow
@@ -46,35 +46,51 @@ async def recover_stale_deliveries(
     is_idempotent: Callable[[str], bool],
     clock: Callable[[], datetime] = utcnow,
 ) -> StaleRecovery:
-    """Settle messages in ``sending`` for longer than ``stale_after_s`` without a live lock."""
+    """Settle messages in ``sending`` for longer than ``stale_after_s`` without a live lock.
+
+    Candidates are read without locks, then Redis (live locks and delivered keys)
+    in one pipelined call, and only then are the rows locked: a slow Redis never
+    holds row locks, and a pass makes one read round trip however many rows it has.
+    """
     keys = DeliveryRedis(redis, stream_key=settings.stream_key)
     now = clock()
     threshold = now - timedelta(seconds=settings.stale_after_s)
     result = StaleRecovery()
+    stale = (ChannelMessage.status == "sending", ChannelMessage.sending_since < threshold)
+    async with sessions() as session:
+        candidates = list(
+            (
+                await session.execute(
+                    select(ChannelMessage.id)
+                    .where(*stale)
+                    .order_by(ChannelMessage.id)
+                    .limit(settings.sweep_batch_size)
+                )
+            ).scalars()
+        )
+    if not candidates:
+        return result
+    states = await _redis_states(keys, candidates)
+    unlocked = [mid for mid in candidates if states[mid] != "locked"]
+    if not unlocked:
+        return result
     async with transaction(sessions) as session:
+        # NOTE: the row lock re-checks the status: a message settled meanwhile drops out.
         rows = (
             await session.execute(
                 select(ChannelMessage.id, ChannelMessage.channel)
-                .where(ChannelMessage.status == "sending", ChannelMessage.sending_since < threshold)
+                .where(ChannelMessage.id.in_(unlocked), *stale)
                 .order_by(ChannelMessage.id)
-                .limit(settings.sweep_batch_size)
                 .with_for_update(skip_locked=True)
             )
         ).all()
-        if not rows:
-            return result
-        locked = await keys.live_locks([row.id for row in rows])
         for row in rows:
-            if row.id in locked:
-                continue
-            settled = await redis.get(keys.keys.delivered(row.id))
-            if settled == b"delivered":
+            if states[row.id] == "delivered":
                 result.delivered.append(row.id)
             elif is_idempotent(row.channel):
                 result.resent.append(row.id)
             else:
                 result.uncertain.append(row.id)
-        stale = (ChannelMessage.status == "sending", ChannelMessage.sending_since < threshold)
         if result.delivered:
             await session.execute(
                 update(ChannelMessage)
@@ -100,10 +116,11 @@ async def recover_stale_deliveries(
                 )
             )
     # After the commit: settled keys so late duplicates stop at the fast path, re-sends on the stream.
-    for message_id in result.uncertain:
-        await keys.settle(
-            message_id, token="", delivered="uncertain", delivered_ttl_s=settings.delivered_ttl_s
-        )
+    await keys.settle_many(
+        [(mid, "uncertain") for mid in result.uncertain],
+        token="",
+        delivered_ttl_s=settings.delivered_ttl_s,
+    )
     await enqueue_messages(
         result.resent, redis=redis, sessions=sessions, settings=settings, clock=clock
     )
@@ -116,3 +133,20 @@ async def recover_stale_deliveries(
             metrics.STALE_RECOVERED.labels(outcome).inc(len(ids))
             logger.warning("Stale recovery: %d message(s) %s: %s", len(ids), outcome, ids[:20])
     return result
+
+
+async def _redis_states(keys: DeliveryRedis, message_ids: list[int]) -> dict[int, str]:
+    """Per message: ``locked`` (a live processing lock), ``delivered`` or ``""``; one round trip."""
+    async with translate_errors():
+        pipe = keys.client.pipeline(transaction=False)
+        for message_id in message_ids:
+            pipe.exists(keys.keys.lock(message_id))
+            pipe.get(keys.keys.delivered(message_id))
+        replies = await pipe.execute()
+    states: dict[int, str] = {}
+    for index, message_id in enumerate(message_ids):
+        locked, delivered = replies[2 * index], replies[2 * index + 1]
+        states[message_id] = (
+            "locked" if locked else "delivered" if delivered == b"delivered" else ""
+        )
+    return states

@@ -171,6 +171,70 @@ async def test_stale_message_whose_send_was_recorded_in_redis_only_is_delivered(
     assert await audit(delivery_sessions) == []
 
 
+class CountingRedis:
+    """The real client, counting round trips (commands and pipeline executes)."""
+
+    def __init__(self, client, on_call=None):
+        self.client, self.calls, self.on_call = client, 0, on_call
+
+    def __getattr__(self, name):
+        return getattr(self.client, name)
+
+    async def _count(self):
+        self.calls += 1
+        if self.on_call is not None:
+            await self.on_call()
+
+    async def execute_command(self, *args, **options):
+        await self._count()
+        return await self.client.execute_command(*args, **options)
+
+    def pipeline(self, *args, **options):
+        pipe, count = self.client.pipeline(*args, **options), self._count
+        execute = pipe.execute
+
+        async def counted_execute(*a, **kw):
+            await count()
+            return await execute(*a, **kw)
+
+        pipe.execute = counted_execute
+        return pipe
+
+
+async def test_stale_recovery_reads_redis_once_per_pass_before_it_locks_rows(
+    delivery_sessions, delivery_redis, delivery_settings
+):
+    long_ago = datetime.now(UTC) - timedelta(seconds=delivery_settings.stale_after_s + 5)
+    ids = [
+        await make_message(delivery_sessions, status="sending", sending_since=long_ago)
+        for _ in range(6)
+    ]
+    keys = DeliveryRedis(delivery_redis, stream_key=delivery_settings.stream_key)
+    for message_id in ids[:3]:
+        await keys.acquire_lock(message_id, token="alive", ttl_ms=10_000)
+    for message_id in ids[3:]:
+        await keys.settle(message_id, token="", delivered="delivered", delivered_ttl_s=60)
+    unlocked_rows = []
+
+    async def rows_are_unlocked():
+        # While Redis is asked, no row of the pass may be locked: NOWAIT would fail.
+        async with delivery_sessions() as other, other.begin():
+            found = await other.execute(
+                select(ChannelMessage.id)
+                .where(ChannelMessage.id.in_(ids))
+                .with_for_update(nowait=True)
+            )
+            unlocked_rows.append(len(found.all()))
+
+    counting = CountingRedis(delivery_redis, on_call=rows_are_unlocked)
+    result = await stale(delivery_sessions, counting, delivery_settings)
+
+    assert result.delivered == ids[3:] and result.uncertain == result.resent == []
+    assert counting.calls == 1 and unlocked_rows == [6]
+    for message_id in ids[:3]:
+        assert (await load_message(delivery_sessions, message_id)).status == "sending"
+
+
 async def test_replay_by_status_resets_to_pending_and_readds(
     delivery_sessions, delivery_redis, delivery_settings
 ):
