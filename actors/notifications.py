@@ -7,6 +7,7 @@ import dramatiq
 from actors import queues
 from actors.resources import current
 from actors.retry_policy import RetryPolicy
+from actors.sending import send_off_loop
 from mailroom import notifications
 
 
@@ -20,4 +21,4 @@ async def notify_final_mails() -> None:
         settings=resources.settings.delivery,
     )
     if more:
-        notify_final_mails.send()
+        await send_off_loop(notify_final_mails)

@@ -16,6 +16,7 @@ from actors import queues
 from actors.notifications import notify_final_mails
 from actors.resources import current
 from actors.retry_policy import RetryPolicy
+from actors.sending import send_each_off_loop, send_off_loop
 from mailroom.adapters.nats import NatsPublishFailed, NatsUnavailable
 from mailroom.recognition import inbox, mapping, outbox, watchdog
 from mailroom.recognition.finality import short_repr
@@ -24,7 +25,7 @@ from mailroom.recognition.inbox_messages import InboxMessage
 logger = logging.getLogger(__name__)
 
 
-def on_mails_final(mail_ids: Iterable[int]) -> None:
+async def on_mails_final(mail_ids: Iterable[int]) -> None:
     """These mails just became final (every file settled): create their notifications.
 
     The scheduler's notification sweep sends the same actor, so a crash right
@@ -34,7 +35,7 @@ def on_mails_final(mail_ids: Iterable[int]) -> None:
     for mail_id in finals:
         logger.info("Mail %d is final", mail_id)
     if finals:
-        notify_final_mails.send()
+        await send_off_loop(notify_final_mails)
 
 
 @dramatiq.actor(queue_name=queues.OUTBOX, retry_policy=RetryPolicy(max_attempts=3))
@@ -53,11 +54,11 @@ async def publish_recognition_requests() -> None:
         nats=settings.nats,
         recognition=settings.recognition,
     )
-    on_mails_final(result.finalized_mail_ids)
+    await on_mails_final(result.finalized_mail_ids)
     if result.error is not None:
         raise NatsPublishFailed(result.error)
     if result.more:
-        publish_recognition_requests.send()
+        await send_off_loop(publish_recognition_requests)
 
 
 def _inbox_message(subject: Any, data: Any, headers: Any) -> InboxMessage | None:
@@ -92,8 +93,7 @@ async def apply_recognition_message(subject: str, data: str, headers: dict[str, 
         max_bytes=resources.settings.recognition.max_message_bytes,
     )
     if result.map_job_id is not None:
-        # NOTE: a broker call blocks; off the loop it leaves the other inbox messages running.
-        await asyncio.to_thread(map_recognition_result.send, str(result.map_job_id))
+        await send_off_loop(map_recognition_result, str(result.map_job_id))
 
 
 @dramatiq.actor(queue_name=queues.INBOX, retry_policy=RetryPolicy(max_attempts=20))
@@ -156,9 +156,9 @@ async def map_recognition_result(job_id: str) -> None:
         parsed,
         settings=resources.settings.recognition,
     )
-    on_mails_final(result.finalized_mail_ids)
+    await on_mails_final(result.finalized_mail_ids)
     if result.replayed is not None:
-        publish_recognition_requests.send()
+        await send_off_loop(publish_recognition_requests)
 
 
 @dramatiq.actor(queue_name=queues.MAINTENANCE, retry_policy=RetryPolicy(max_attempts=1))
@@ -169,7 +169,7 @@ async def expire_recognition_deadlines() -> None:
         await resources.sessions(),
         batch_size=resources.settings.recognition.watchdog_batch_size,
     )
-    on_mails_final(result.finalized_mail_ids)
+    await on_mails_final(result.finalized_mail_ids)
 
 
 @dramatiq.actor(queue_name=queues.MAINTENANCE, retry_policy=RetryPolicy(max_attempts=1))
@@ -179,7 +179,6 @@ async def sweep_unmapped_results() -> None:
     job_ids = await mapping.find_unmapped_results(
         await resources.sessions(), settings=resources.settings.recognition
     )
-    for job_id in job_ids:
-        map_recognition_result.send(str(job_id))
+    await send_each_off_loop(map_recognition_result, ((str(job_id),) for job_id in job_ids))
     if job_ids:
         logger.info("Unmapped-result sweep re-sent %d jobs to mapping", len(job_ids))

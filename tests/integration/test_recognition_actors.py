@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import threading
 
 import nats as nats_py
 import pytest
@@ -248,3 +249,43 @@ async def test_watchdog_and_unmapped_sweep_actors(
     map_recognition_result.send("not-a-uuid")
     await drain(stub_broker, stub_worker)
     assert not stub_broker.dead_letters
+
+
+async def test_follow_up_sends_of_async_actors_run_off_the_event_loop(
+    recognition_factory, recognition_resources, stub_broker, stub_worker, monkeypatch
+):
+    late = await recognition_factory.create_job(status="published", reply_deadline="2000-01-01")
+    unmapped = [
+        await recognition_factory.create_job(
+            status="error",
+            error_code="OCR_FAILED",
+            attempt=2,
+            result_msg_id=f"x{n}:2:result",
+            finished_at="2000-01-01",
+        )
+        for n in range(3)
+    ]
+    expire_recognition_deadlines.send()
+    sweep_unmapped_results.send()
+
+    sent: list[tuple[str, str, bool]] = []
+    enqueue = stub_broker.enqueue
+
+    def recording_enqueue(message, *, delay=None):
+        try:
+            asyncio.get_running_loop()
+            on_loop = True
+        except RuntimeError:
+            on_loop = False
+        sent.append((message.actor_name, threading.current_thread().name, on_loop))
+        return enqueue(message, delay=delay)
+
+    monkeypatch.setattr(stub_broker, "enqueue", recording_enqueue)
+    await drain(stub_broker, stub_worker)
+
+    assert (await recognition_factory.job(late.job_id))["status"] == "timeout"
+    for ref in unmapped:
+        assert (await recognition_factory.job(ref.job_id))["mapped_at"] is not None
+    names = [name for name, _, _ in sent]
+    assert names.count("map_recognition_result") == 3 and "notify_final_mails" in names
+    assert [entry for entry in sent if entry[2]] == []
