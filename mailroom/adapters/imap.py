@@ -1,7 +1,10 @@
 """IMAP: the ``Mailbox`` port intake reads, met by imapclient and an in-memory fake.
 
-imapclient is blocking, so every call runs in a thread (``asyncio.to_thread``);
-vendor errors stop here and leave as ``MailboxUnavailable`` (retryable: the
+imapclient is blocking, so every call runs in a thread: each connection has
+its own one-thread executor, not the loop's default one. An IDLE wait holds its
+thread for minutes, and a few idle mailboxes would otherwise fill the default
+executor (6 threads on 2 cores) and stall every ``to_thread`` call of SMTP, S3
+and broker sends. One thread also keeps one connection's calls in order. Vendor errors stop here and leave as ``MailboxUnavailable`` (retryable: the
 connection dropped or timed out), ``MailboxLoginRejected`` (permanent: bad
 credentials) or ``MailboxCommandFailed`` (the server said NO or BAD).
 """
@@ -9,6 +12,8 @@ credentials) or ``MailboxCommandFailed`` (the server said NO or BAD).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextvars
 import imaplib
 import logging
 import ssl
@@ -127,22 +132,25 @@ class ImapMailbox:
         # a connect that completes after close() must end its own connection.
         self._lock = threading.Lock()
         self._closes = 0
-        # Set when the thread of the running call returns; close() waits for it.
-        self._idle_call: threading.Event = threading.Event()
-        self._idle_call.set()
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        # The running (or last) call in our thread; close() waits for it to end.
+        self._running: concurrent.futures.Future[Any] | None = None
+
+    def _thread(self) -> concurrent.futures.ThreadPoolExecutor:
+        if self._executor is None:  # created anew after close(), for a reconnect
+            self._executor = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix=f"imap-{self.settings.name}"
+            )
+        return self._executor
 
     async def _call(self, what: str, fn: Callable[..., T], *args: Any) -> T:
-        done = threading.Event()
-        self._idle_call = done
-
-        def run() -> T:
-            try:
-                return fn(*args)
-            finally:
-                done.set()
-
+        # Like ``asyncio.to_thread``: the call sees our context (log fields), and a
+        # cancelled await leaves the thread running until the call returns.
+        context = contextvars.copy_context()
+        running = self._thread().submit(context.run, fn, *args)
+        self._running = running
         with _translate_errors(what):
-            return await asyncio.to_thread(run)
+            return await asyncio.wrap_future(running)
 
     def _require(self) -> IMAPClient:
         if self._client is None:
@@ -255,22 +263,40 @@ class ImapMailbox:
         with self._lock:
             self._closes += 1
             client, self._client = self._client, None
-        if not self._idle_call.is_set():
+        executor, self._executor = self._executor, None
+        try:
+            await self._close(client, executor)
+        finally:
+            if executor is not None:
+                # Its thread ends after the call it runs (a connect ends its own connection).
+                executor.shutdown(wait=False)
+
+    async def _close(
+        self, client: IMAPClient | None, executor: concurrent.futures.ThreadPoolExecutor | None
+    ) -> None:
+        running = self._running
+        if running is not None and not running.done():
             # A call was cancelled while its thread still runs (IDLE, a slow FETCH, a connect):
             # closing the socket wakes it, and we wait so the thread ends before us. A connect
             # still running sees ``_closes`` move and ends the connection it opens itself.
+            # Shutting a socket down does not block: it needs no thread of its own.
             if client is not None:
-                await asyncio.to_thread(_shutdown_quietly, client)
-            await asyncio.to_thread(self._idle_call.wait, CLOSE_WAIT_S)
+                _shutdown_quietly(client)
+            waiter = asyncio.wrap_future(running)
+            done, _ = await asyncio.wait([waiter], timeout=CLOSE_WAIT_S)
+            if not done:
+                waiter.cancel()  # no callback into this loop once the thread ends
+            elif not waiter.cancelled():
+                waiter.exception()  # the woken call fails (closed socket): expected, not logged
             return
-        if client is None:
+        if client is None or executor is None:
             return
         try:
             with _translate_errors("LOGOUT"):
-                await asyncio.to_thread(client.logout)
+                await asyncio.wrap_future(executor.submit(client.logout))
         except RetryableError as exc:
             logger.warning("IMAP logout of %s failed: %s", self.settings.name, exc)
-            await asyncio.to_thread(_shutdown_quietly, client)
+            _shutdown_quietly(client)
 
 
 def _shutdown_quietly(client: IMAPClient) -> None:
