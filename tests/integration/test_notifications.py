@@ -119,3 +119,22 @@ async def test_a_mail_without_attachments_is_finalized_and_notified(
     (message,) = await recognition_factory.rows("SELECT body, mail_id FROM channel_message")
     assert message["mail_id"] == mail_id
     assert "no attachments" in message["body"]
+
+
+async def test_a_notification_pass_handles_at_most_its_batch_size(
+    recognition_factory, db_sessions, redis_url
+):
+    first = await recognition_factory.create_mail(status="stored")
+    second = await recognition_factory.create_mail(status="stored")
+    settings = DeliverySettings(
+        stream_key="test:notify3", routes=[NotificationRoute()], notification_batch_size=1
+    )
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        ids, more = await notify_final_mails(sessions=db_sessions, redis=client, settings=settings)
+        later, _ = await notify_final_mails(sessions=db_sessions, redis=client, settings=settings)
+    finally:
+        await client.aclose()
+    assert (len(ids), more, len(later)) == (1, True, 1)
+    notified = await recognition_factory.rows("SELECT mail_id FROM channel_message ORDER BY id")
+    assert sorted(row["mail_id"] for row in notified) == sorted([first, second])
