@@ -141,6 +141,10 @@ class NatsSettings(StrictModel):
     recognizer_queue_group: str = "mailroom-recognizer"
     inbox_durable: str = "mailroom-inbox"
     connect_timeout_s: float = 2.0
+    #: How often the client PINGs the server, in seconds (nats-py: 120).
+    ping_interval_s: float = 10.0
+    #: Unanswered PINGs after which the connection is dead and reconnects, in pings.
+    max_outstanding_pings: int = 2
     #: Wait between reconnect attempts to one server, in seconds.
     reconnect_wait_s: float = 0.5
     #: Connect attempts before the first connection is given up (later ones never stop).
@@ -175,6 +179,12 @@ class StorageSettings(StrictModel):
     mail_bucket: str = "mailroom-mail"
     incoming_bucket: str = "mailroom-incoming"
     results_bucket: str = "mailroom-results"
+    #: Longest wait for an S3 connection, in seconds.
+    s3_connect_timeout_s: float = 5.0
+    #: Longest wait for S3 to send data on an open connection, in seconds.
+    s3_read_timeout_s: float = 30.0
+    #: Retries of a failed S3 request after the first, in attempts.
+    s3_retries: int = 2
 
 
 class MailboxSettings(StrictModel):

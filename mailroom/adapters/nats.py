@@ -170,6 +170,10 @@ class NatsClient:
                 servers=[self.settings.url],
                 name=self.name,
                 connect_timeout=self.settings.connect_timeout_s,  # type: ignore[arg-type]
+                # A silently dead server (no RST) is noticed after the unanswered PINGs,
+                # not after nats-py's default of minutes; then the client reconnects.
+                ping_interval=self.settings.ping_interval_s,  # type: ignore[arg-type]
+                max_outstanding_pings=self.settings.max_outstanding_pings,
                 reconnect_time_wait=self.settings.reconnect_wait_s,  # type: ignore[arg-type]
                 max_reconnect_attempts=max(1, self.settings.initial_connect_attempts - 1),
                 error_cb=self._on_error,

@@ -315,7 +315,11 @@ class S3Store(_Buckets):
             region_name=settings.s3_region,
             aws_access_key_id=settings.s3_access_key.get_secret_value() or None,
             aws_secret_access_key=settings.s3_secret_key.get_secret_value() or None,
-            config=Config(retries={"max_attempts": 2}, connect_timeout=5, read_timeout=30),
+            config=Config(
+                retries={"max_attempts": settings.s3_retries},
+                connect_timeout=settings.s3_connect_timeout_s,
+                read_timeout=settings.s3_read_timeout_s,
+            ),
         )
         self._ready: set[str] = set()
 
