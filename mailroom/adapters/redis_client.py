@@ -51,8 +51,18 @@ def async_client(
 
 
 def sync_client(
-    url: str, settings: RedisSettings, *, block_s: float = 0.0, **extra: Any
+    url: str,
+    settings: RedisSettings,
+    *,
+    block_s: float = 0.0,
+    attempts: int | None = None,
+    **extra: Any,
 ) -> redis.Redis:
-    """A blocking client for ``url`` (Dramatiq's broker, CLI tools)."""
-    retry = redis.retry.Retry(_backoff(settings), settings.retry_attempts, RETRIED_ERRORS)
+    """A blocking client for ``url`` (Dramatiq's broker, CLI tools).
+
+    ``attempts`` overrides ``settings.retry_attempts`` for callers with a retry loop of their own.
+    """
+    if attempts is None:
+        attempts = settings.retry_attempts
+    retry = redis.retry.Retry(_backoff(settings), attempts, RETRIED_ERRORS)
     return redis.Redis.from_url(url, retry=retry, **_options(settings, block_s), **extra)
