@@ -267,6 +267,9 @@ class RecognitionSettings(StrictModel):
     max_message_bytes: int = 256 * 1024
     #: Result files larger than this are not mapped, in bytes.
     max_result_bytes: int = 16 * 1024 * 1024
+    #: Tries of the inbox or of mapping at one job whose worker died (never came back),
+    #: counted in Postgres; past them the job fails (`*_ATTEMPTS_EXHAUSTED`).
+    max_processing_attempts: int = 5
 
 
 class RecognizerSettings(StrictModel):

@@ -6,7 +6,10 @@ re-checks ``mapped_at``, so a redelivered or swept mapping changes nothing.
 A failed attempt (an ``error`` result, an unreadable result file, or a document
 missing a required field or below the confidence threshold) is replayed as a
 new attempt until ``automatic_attempts`` are spent; then the file settles as
-ERROR or NEEDS_CHECK. When the last file of a mail settles, the mail is final
+ERROR or NEEDS_CHECK. Each try is counted on the job before the result is read
+(``attempts.py``): a result whose mapping kills the worker settles its file as
+ERROR (``MAPPING_ATTEMPTS_EXHAUSTED``) after ``max_processing_attempts``.
+When the last file of a mail settles, the mail is final
 and the outcome says so (``finalized_mail_id``): the hook for notifications.
 """
 
@@ -24,6 +27,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from mailroom.errors import PermanentError
+from mailroom.recognition import attempts
 from mailroom.recognition.contracts import RecognitionResult, parse_json_object
 from mailroom.recognition.finality import MAX_REASON_CHARS, finalize_mails, utcnow
 from mailroom.recognition.replay import ReplayedJob, replay_job
@@ -42,6 +46,8 @@ RESULT_STATUSES = ("done", "needs_check", "error")
 INVALID_RESULT = "INVALID_RESULT"
 FOREIGN_BUCKET = "RESULT_FOREIGN_BUCKET"
 RESULT_TOO_LARGE = "RESULT_TOO_LARGE"
+#: Mapping of this job died (took its worker down) ``max_processing_attempts`` times.
+MAPPING_ATTEMPTS_EXHAUSTED = "MAPPING_ATTEMPTS_EXHAUSTED"
 
 
 class ResultReader(Protocol):
@@ -238,6 +244,33 @@ async def map_recognition_result(
         )
         return MappingOutcome(job_id, "not_a_result")
 
+    tries = (await attempts.count_attempts(sessions, [job_id], attempts.MAPPING_ATTEMPTS))[job_id]
+    if tries > settings.max_processing_attempts:
+        # Not replayed: a new attempt would likely bring the same result that killed its workers.
+        exhausted = Unusable(
+            MAPPING_ATTEMPTS_EXHAUSTED, f"mapping did not finish in {tries - 1} attempts"
+        )
+        logger.error("Result of job %s: %s", job_id, exhausted.message)
+        verdict = Verdict(
+            "ERROR", reason=f"{exhausted.code}: {exhausted.message}", invalid_result=exhausted
+        )
+        return await _write(sessions, job_id, verdict, retry=False, now=now or utcnow())
+    try:
+        return await _map(sessions, store, job, job_id, settings=settings, now=now)
+    except BaseException:
+        await attempts.give_back(sessions, [job_id], attempts.MAPPING_ATTEMPTS)
+        raise
+
+
+async def _map(
+    sessions: async_sessionmaker[AsyncSession],
+    store: ResultReader,
+    job: Any,
+    job_id: uuid.UUID,
+    *,
+    settings: RecognitionSettings,
+    now: datetime | None,
+) -> MappingOutcome:
     if job.status == "error":
         reason = f"{job.error_code or 'SERVICE_ERROR'}: {job.error_message or ''}"
         verdict = Verdict("ERROR", reason=reason[:MAX_REASON_CHARS], retryable=True)

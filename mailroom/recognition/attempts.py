@@ -1,0 +1,72 @@
+"""Attempts at a job's work counted in Postgres before the work (bounded attempts).
+
+Dramatiq's retry count moves only when an actor raises. A process that dies
+instead (``os._exit``, the OOM killer, a segfault in a C library) leaves its
+message to be redelivered with the count unchanged, so a result that kills its
+worker would loop forever. The inbox and mapping therefore count an attempt in
+the job's ``metrics`` and commit it before they start, and give it back when
+the attempt ends with an exception: those are bounded by the actor's retry
+policy, and an outage must not use up a job's attempts. What stays counted is
+an attempt that never came back; past the maximum the job fails with a reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Collection
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+logger = logging.getLogger(__name__)
+
+#: ``metrics`` keys of the counts.
+MAPPING_ATTEMPTS = "mapping_attempts"
+INBOX_ATTEMPTS = "inbox_attempts"
+
+# Rows locked in id order, so two batches counting the same jobs wait instead of deadlocking.
+_COUNT = text(
+    """
+    WITH locked AS (
+        SELECT id FROM recognition_job WHERE id = ANY(:ids) ORDER BY id FOR UPDATE
+    )
+    UPDATE recognition_job AS j
+       SET metrics = jsonb_set(
+               COALESCE(j.metrics, '{}'::jsonb), ARRAY[CAST(:key AS text)],
+               to_jsonb(COALESCE(CAST(j.metrics ->> CAST(:key AS text) AS integer), 0) + :step))
+      FROM locked
+     WHERE j.id = locked.id
+    RETURNING j.id, CAST(j.metrics ->> CAST(:key AS text) AS integer) AS attempts
+    """
+)
+
+
+async def _add(
+    session: AsyncSession, job_ids: Collection[uuid.UUID], key: str, step: int
+) -> dict[uuid.UUID, int]:
+    rows = await session.execute(_COUNT, {"ids": sorted(set(job_ids)), "key": key, "step": step})
+    return {job_id: int(attempts) for job_id, attempts in rows}
+
+
+async def count_attempts(
+    sessions: async_sessionmaker[AsyncSession], job_ids: Collection[uuid.UUID], key: str
+) -> dict[uuid.UUID, int]:
+    """Count one attempt on each job, committed; each job's attempts so far, this one included."""
+    if not job_ids:
+        return {}
+    async with sessions() as session, session.begin():
+        return await _add(session, job_ids, key, 1)
+
+
+async def give_back(
+    sessions: async_sessionmaker[AsyncSession], job_ids: Collection[uuid.UUID], key: str
+) -> None:
+    """Uncount an attempt that ended in an exception; best effort, the first error wins."""
+    if not job_ids:
+        return
+    try:
+        async with sessions() as session, session.begin():
+            await _add(session, job_ids, key, -1)
+    except Exception:  # the database may be why the attempt failed: the count then stays
+        logger.warning("Could not give back %s of %d job(s)", key, len(job_ids), exc_info=True)
