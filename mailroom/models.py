@@ -92,6 +92,9 @@ class MailboxCursor(Base):
     blocked_uid: Mapped[int | None] = mapped_column(BigInteger)
     blocked_message_id: Mapped[str | None] = mapped_column(Text)
     last_error: Mapped[str | None] = mapped_column(Text)
+    #: Claims in a row that stood at this ``last_uid`` and never recorded an end (the worker died).
+    attempt_uid: Mapped[int | None] = mapped_column(BigInteger)
+    attempt_count: Mapped[int] = mapped_column(Integer, server_default="0")
     created_at: Mapped[datetime] = _now()
     updated_at: Mapped[datetime] = _now()
 

@@ -27,6 +27,7 @@ from mailroom.adapters.storage import ObjectStore
 from mailroom.errors import LeaseLost
 from mailroom.intake.cursor import Claim, Clock, adopt_uidvalidity
 from mailroom.intake.ingest import (
+    ClaimsExhausted,
     Committed,
     MailFailed,
     PreparedGroup,
@@ -93,6 +94,8 @@ async def _read_folder(ctx: BatchContext, connection: Mailbox) -> BatchResult:
     above = await adopt_uidvalidity(ctx.sessions, ctx.claim, uidvalidity)
     result = BatchResult(uidvalidity=uidvalidity, highest_uid=above)
     uids = await connection.uids_above(above)
+    if uids and above == ctx.claim.last_uid and ctx.claim.attempts > ctx.intake.max_retries:
+        raise _exhausted(ctx, uids[0], uidvalidity)
     if not uids and ctx.mailbox.idle:
         if await connection.idle(ctx.mailbox.idle_timeout_s):
             logger.debug("Mailbox %s: IDLE announced new mail", ctx.mailbox.name)
@@ -103,6 +106,17 @@ async def _read_folder(ctx: BatchContext, connection: Mailbox) -> BatchResult:
         await _ingest_in_order(ctx, connection, uids, result)
         result.highest_uid = uids[-1]
     return result
+
+
+def _exhausted(ctx: BatchContext, uid: int, uidvalidity: int) -> MailFailed:
+    """The mail at ``uid`` took its worker down each time it was read: it is not read again."""
+    cause = ClaimsExhausted(
+        f"{ctx.claim.attempts - 1} claims in a row at UID {uid} ended without an outcome "
+        "(the worker died)"
+    )
+    failed = MailFailed(uid, None, cause)
+    failed.uidvalidity, failed.exhausted = uidvalidity, True
+    return failed
 
 
 async def _ingest_in_order(

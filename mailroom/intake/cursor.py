@@ -3,7 +3,15 @@
 A poll owns a cursor through its ``lease_id``. Every write after the claim
 matches on that id, so a worker whose lease was taken over (expired, or reset
 by an operator) changes nothing: the write hits no row and ``LeaseLost`` is
-raised (the per-mail fence lives with the mail's transaction in ``ingest``). ``retry_count`` and ``next_retry_at`` carry the backoff between polls.
+raised (the per-mail fence lives with the mail's transaction in ``ingest``).
+``retry_count`` and ``next_retry_at`` carry the backoff between polls.
+
+A mail that kills its worker (OOM, a segfault, ``os._exit``) records no failure,
+so ``retry_count`` never moves. Each claim therefore counts an attempt at the
+cursor's ``last_uid`` (``attempt_uid``, ``attempt_count``) before the batch; a
+batch that ends in any recorded way clears it, and progress past the UID starts
+it over. A claim past ``max_retries`` attempts at the same UID makes the batch
+block the cursor at the first UID above it without reading that mail.
 """
 
 from __future__ import annotations
@@ -59,6 +67,8 @@ class Claim:
     uidvalidity: int | None
     last_uid: int
     retry_count: int
+    #: Claims at ``last_uid`` in a row that never came back, this one included.
+    attempts: int = 1
 
     @property
     def target(self) -> str:
@@ -107,6 +117,10 @@ async def claim_cursor(
                 folder,
                 cursor.lease_id,
             )
+        if cursor.attempt_uid == cursor.last_uid:
+            cursor.attempt_count += 1
+        else:
+            cursor.attempt_uid, cursor.attempt_count = cursor.last_uid, 1
         lease_id = uuid.uuid4()
         cursor.status = "processing"
         cursor.lease_id = lease_id
@@ -120,11 +134,27 @@ async def claim_cursor(
             uidvalidity=cursor.uidvalidity,
             last_uid=cursor.last_uid,
             retry_count=cursor.retry_count,
+            attempts=cursor.attempt_count,
         )
 
 
 def _owned(claim: Claim) -> ColumnElement[bool]:
     return and_(MailboxCursor.id == claim.cursor_id, MailboxCursor.lease_id == claim.lease_id)
+
+
+async def forget_attempt(sessions: async_sessionmaker[AsyncSession], claim: Claim) -> None:
+    """Uncount this claim's attempt (its worker lives on); best effort, the lease stays."""
+    try:
+        async with transaction(sessions) as session:
+            await session.execute(
+                update(MailboxCursor)
+                .where(_owned(claim))
+                .values(attempt_count=func.greatest(MailboxCursor.attempt_count - 1, 0))
+            )
+    except Exception:
+        logger.warning(
+            "Mailbox %s: could not clear the attempt count", claim.mailbox, exc_info=True
+        )
 
 
 async def renew_lease(
@@ -189,11 +219,15 @@ class Failure:
 
 
 async def _count_failure(session: AsyncSession, claim: Claim, what: str) -> int:
-    """One more failure on the cursor we lease; LeaseLost when the lease is gone."""
+    """One more failure on the cursor we lease; LeaseLost when the lease is gone.
+
+    The attempt came back (it is recording its end), so its claim stops counting:
+    ``retry_count`` bounds the failures that are recorded.
+    """
     count = await session.scalar(
         update(MailboxCursor)
         .where(_owned(claim))
-        .values(retry_count=MailboxCursor.retry_count + 1)
+        .values(retry_count=MailboxCursor.retry_count + 1, attempt_count=0)
         .returning(MailboxCursor.retry_count)
     )
     if count is None:
@@ -212,12 +246,16 @@ async def record_mail_failure(
     max_retries: int,
     max_backoff_s: float,
     now: datetime,
+    exhausted: bool = False,
 ) -> Failure:
-    """Back off (or block) the cursor at ``uid``, record the attempt on the mail, release the lease."""
+    """Back off (or block) the cursor at ``uid``, record the attempt on the mail, release the lease.
+
+    ``exhausted``: the claims at this UID ran out (workers died on it): block at once.
+    """
     text = describe_error(error)
     async with transaction(sessions) as session:
         count = await _count_failure(session, claim, f"UID {uid}")
-        blocked = count >= max_retries
+        blocked = exhausted or count >= max_retries
         retry_at = (
             None
             if blocked
@@ -318,6 +356,7 @@ async def finish_batch(
                 lease_id=None,
                 lease_until=None,
                 retry_count=0,
+                attempt_count=0,
                 next_retry_at=None,
                 last_error=None,
                 updated_at=now,

@@ -20,7 +20,7 @@ import psycopg
 
 from mailroom.adapters.imap import FetchedMail
 from mailroom.adapters.storage import ObjectStore, PutRequest, StoredRef, content_key
-from mailroom.errors import LeaseLost
+from mailroom.errors import AppError, LeaseLost
 from mailroom.intake.cursor import Claim, describe_error
 from mailroom.intake.mail_sql import FileRow, MailWrite, store_mails
 from mailroom.intake.parsing import Limits, ParsedAttachment, ParsedMail, parse_mail
@@ -41,6 +41,12 @@ class MailFailed(Exception):
         self.cause = cause
         #: UIDVALIDITY of the folder the mail was read from; the batch fills it in.
         self.uidvalidity: int | None = None
+        #: Workers died on this UID ``max_retries`` times: block at once, unread.
+        self.exhausted = False
+
+
+class ClaimsExhausted(AppError):
+    """Claims at one UID kept ending without a recorded outcome: their workers died."""
 
 
 @dataclass

@@ -103,6 +103,9 @@ async def poll_mailbox(name: str, *, settings: IntakeSettings, deps: IntakeDeps)
         return await _mail_failed(claim, settings, deps, exc)
     except Exception as exc:  # the batch could not run: IMAP down, login refused, fetch error
         return await _batch_failed(claim, settings, deps, exc)
+    except BaseException:  # cancelled (the worker stops): not an attempt that killed a worker
+        await cursors.forget_attempt(deps.sessions, claim)
+        raise
     try:
         await cursors.finish_batch(
             deps.sessions, claim, highest_uid=result.highest_uid, now=deps.clock()
@@ -142,6 +145,7 @@ async def _mail_failed(
             max_retries=settings.max_retries,
             max_backoff_s=settings.max_backoff_s,
             now=deps.clock(),
+            exhausted=exc.exhausted,
         )
     except LeaseLost as lost:
         return _lease_lost(claim.mailbox, lost)
