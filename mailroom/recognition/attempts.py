@@ -26,18 +26,21 @@ MAPPING_ATTEMPTS = "mapping_attempts"
 INBOX_ATTEMPTS = "inbox_attempts"
 
 # Rows locked in id order, so two batches counting the same jobs wait instead of deadlocking.
+# A count back at zero leaves no key: a job nothing ever died on keeps the metrics it had.
 _COUNT = text(
     """
     WITH locked AS (
-        SELECT id FROM recognition_job WHERE id = ANY(:ids) ORDER BY id FOR UPDATE
+        SELECT id, COALESCE(metrics, '{}'::jsonb) AS metrics,
+               COALESCE(CAST(metrics ->> CAST(:key AS text) AS integer), 0) + :step AS n
+          FROM recognition_job WHERE id = ANY(:ids) ORDER BY id FOR UPDATE
     )
     UPDATE recognition_job AS j
-       SET metrics = jsonb_set(
-               COALESCE(j.metrics, '{}'::jsonb), ARRAY[CAST(:key AS text)],
-               to_jsonb(COALESCE(CAST(j.metrics ->> CAST(:key AS text) AS integer), 0) + :step))
+       SET metrics = CASE WHEN locked.n > 0
+                          THEN jsonb_set(locked.metrics, ARRAY[CAST(:key AS text)], to_jsonb(locked.n))
+                          ELSE locked.metrics - CAST(:key AS text) END
       FROM locked
      WHERE j.id = locked.id
-    RETURNING j.id, CAST(j.metrics ->> CAST(:key AS text) AS integer) AS attempts
+    RETURNING j.id, GREATEST(locked.n, 0) AS attempts
     """
 )
 

@@ -11,6 +11,8 @@ redelivered message finds its effect already there and changes nothing.
 
 A batch whose transaction fails is applied again one message per transaction,
 so one message the database refuses never takes its neighbours down with it.
+Attempts are counted on the jobs before a batch is applied, so a message that
+kills its worker ends its job after a bound (``inbox_attempts.py``).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, cast
@@ -28,12 +30,14 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from mailroom.models import FINAL_JOB_STATUSES
+from mailroom.recognition import attempts
 from mailroom.recognition.contracts import (
     RecognitionResponse,
     ack_msg_id,
     result_msg_id,
 )
 from mailroom.recognition.finality import MAX_REASON_CHARS, short_repr, utcnow
+from mailroom.recognition.inbox_attempts import apply_counted
 from mailroom.recognition.inbox_messages import (
     InboxMessage,
     InboxOutcome,
@@ -41,6 +45,7 @@ from mailroom.recognition.inbox_messages import (
     parse_message,
 )
 from mailroom.recognition.revive import reopen_mails, revivable, revive
+from mailroom.settings import RecognitionSettings
 
 logger = logging.getLogger(__name__)
 
@@ -387,6 +392,7 @@ async def apply_recognition_messages(
     *,
     max_bytes: int,
     now: datetime | None = None,
+    max_attempts: int = RecognitionSettings().max_processing_attempts,
 ) -> list[InboxOutcome]:
     """Apply a batch of acks and results; their outcomes, in message order.
 
@@ -408,9 +414,42 @@ async def apply_recognition_messages(
             parsed.append((index, checked))
     if not parsed:
         return [o for o in outcomes if o is not None]
+    applied = await _apply_counted(sessions, [p for _, p in parsed], now, max_attempts)
+    for (index, _), outcome in zip(parsed, applied, strict=True):
+        outcomes[index] = outcome
+    return [o for o in outcomes if o is not None]
+
+
+async def _apply_counted(
+    sessions: async_sessionmaker[AsyncSession],
+    parsed: Sequence[Parsed],
+    now: datetime,
+    max_attempts: int,
+) -> list[InboxOutcome]:
+    job_ids = {p.response.job_id for p in parsed}
+    counts = await attempts.count_attempts(sessions, job_ids, attempts.INBOX_ATTEMPTS)
+    if all(count == 1 for count in counts.values()):
+        try:
+            return await _apply_batch(sessions, parsed, now)
+        finally:
+            await attempts.give_back(sessions, counts, attempts.INBOX_ATTEMPTS)
+    # An earlier attempt at one of these jobs never came back: charge each message alone.
+    await attempts.give_back(sessions, counts, attempts.INBOX_ATTEMPTS)
+
+    async def apply_one(message: Parsed) -> list[InboxOutcome]:
+        return (await _apply_in_one_transaction(sessions, [message], now)).outcomes
+
+    async def counted(message: Parsed) -> list[InboxOutcome]:
+        return await apply_counted(sessions, message, apply_one, max_attempts=max_attempts, now=now)
+
+    return await _apply_one_by_one(sessions, parsed, now, apply=counted)
+
+
+async def _apply_batch(
+    sessions: async_sessionmaker[AsyncSession], parsed: Sequence[Parsed], now: datetime
+) -> list[InboxOutcome]:
     try:
-        batch = await _apply_in_one_transaction(sessions, [p for _, p in parsed], now)
-        applied = batch.outcomes
+        return (await _apply_in_one_transaction(sessions, parsed, now)).outcomes
     except Exception as exc:
         if len(parsed) == 1 or _connection_lost(exc):
             raise
@@ -419,20 +458,24 @@ async def apply_recognition_messages(
             len(parsed),
             type(exc).__name__,
         )
-        applied = await _apply_one_by_one(sessions, [p for _, p in parsed], now)
-    for (index, _), outcome in zip(parsed, applied, strict=True):
-        outcomes[index] = outcome
-    return [o for o in outcomes if o is not None]
+        return await _apply_one_by_one(sessions, parsed, now)
 
 
 async def _apply_one_by_one(
-    sessions: async_sessionmaker[AsyncSession], parsed: Sequence[Parsed], now: datetime
+    sessions: async_sessionmaker[AsyncSession],
+    parsed: Sequence[Parsed],
+    now: datetime,
+    *,
+    apply: Callable[[Parsed], Awaitable[list[InboxOutcome]]] | None = None,
 ) -> list[InboxOutcome]:
     applied: list[InboxOutcome] = []
     first_error: Exception | None = None
     for message in parsed:
         try:
-            applied += (await _apply_in_one_transaction(sessions, [message], now)).outcomes
+            if apply is not None:
+                applied += await apply(message)
+            else:
+                applied += (await _apply_in_one_transaction(sessions, [message], now)).outcomes
         except Exception as exc:
             if _connection_lost(exc):
                 raise

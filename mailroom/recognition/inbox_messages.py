@@ -35,6 +35,7 @@ Applied = Literal[
     "result_duplicate",
     "result_late",
     "failed",  # its own transaction failed too (batch fallback only): apply it again later
+    "attempts_exhausted",  # applying it kept killing workers: its job failed, not applied
 ]
 
 

@@ -91,5 +91,5 @@ async def test_attempts_that_raise_are_given_back_so_an_outage_uses_none_up(
                 flow.sessions, down, ref.job_id, settings=recognition_settings.recognition, now=T0
             )
 
-    assert (await recognition_factory.job(ref.job_id))["metrics"]["mapping_attempts"] == 0
+    assert "mapping_attempts" not in (await recognition_factory.job(ref.job_id))["metrics"]
     assert (await flow.map(ref.job_id)).file_status == "RECOGNIZED"

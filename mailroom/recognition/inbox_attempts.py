@@ -1,0 +1,82 @@
+"""The inbox's bounded attempts: a message that kills its worker ends its job, not the inbox.
+
+A batch counts an attempt on each of its jobs before it is applied (``attempts.py``)
+and gives them back when it ends. A batch that finds a count left over, i.e. an
+earlier attempt at one of its jobs died, is applied one message at a time, each
+counted on its own job: the message that kills the worker then charges only its
+own job, which after ``max_processing_attempts`` fails with
+``INBOX_ATTEMPTS_EXHAUSTED`` (file ERROR; the notification sweep finds its final
+mail) while the other messages of the batch are applied.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from mailroom.recognition import attempts
+from mailroom.recognition.finality import fail_current_files, finalize_mails
+from mailroom.recognition.inbox_messages import InboxOutcome, Parsed
+
+logger = logging.getLogger("mailroom.recognition.inbox")
+
+#: Job ``error_code`` (and file reason) of a job whose messages kept killing the inbox.
+INBOX_ATTEMPTS_EXHAUSTED = "INBOX_ATTEMPTS_EXHAUSTED"
+
+ApplyOne = Callable[[Parsed], Awaitable[list[InboxOutcome]]]
+
+# Only a job still waiting for its answer is failed; a final one already has its answer or reason.
+_FAIL_JOB = text(
+    """
+    UPDATE recognition_job
+       SET status = 'error', error_code = :code, error_message = :message, finished_at = :now
+     WHERE id = :id AND status IN ('queued', 'published', 'processing')
+    RETURNING id
+    """
+)
+
+
+async def fail_exhausted(
+    sessions: async_sessionmaker[AsyncSession], job_id: uuid.UUID, tries: int, now: datetime
+) -> list[int]:
+    """Fail the job, its file (if current) and finalize its mail; the mails made final."""
+    message = f"applying its messages did not finish in {tries - 1} attempts"
+    async with sessions() as session, session.begin():
+        failed = await session.scalar(
+            _FAIL_JOB,
+            {"id": job_id, "code": INBOX_ATTEMPTS_EXHAUSTED, "message": message, "now": now},
+        )
+        if failed is None:
+            return []
+        mail_ids = await fail_current_files(
+            session, [job_id], reason=f"{INBOX_ATTEMPTS_EXHAUSTED}: {message}", now=now
+        )
+        finalized = await finalize_mails(session, mail_ids, now=now)
+    logger.error("Recognition job %s failed: %s", job_id, message)
+    return finalized
+
+
+async def apply_counted(
+    sessions: async_sessionmaker[AsyncSession],
+    message: Parsed,
+    apply_one: ApplyOne,
+    *,
+    max_attempts: int,
+    now: datetime,
+) -> list[InboxOutcome]:
+    """One message counted on its own job, then applied, or its job failed past the maximum."""
+    job_id = message.response.job_id
+    counts = await attempts.count_attempts(sessions, [job_id], attempts.INBOX_ATTEMPTS)
+    tries = counts.get(job_id, 0)
+    try:
+        if tries > max_attempts:
+            await fail_exhausted(sessions, job_id, tries, now)
+            return [InboxOutcome("attempts_exhausted", job_id)]
+        return await apply_one(message)
+    finally:
+        await attempts.give_back(sessions, counts, attempts.INBOX_ATTEMPTS)
