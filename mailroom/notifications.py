@@ -5,6 +5,9 @@ created in one transaction that also stamps ``notified_at`` (so they are made
 once per final state), then put on the delivery stream after the commit. The
 actor runs when mapping finalizes a mail and a scheduler sweep runs it too, so a
 crash between the finalizing commit and this step only delays the notification.
+A route whose template or configuration raises fails only its own message
+(``failed``, ``ROUTE_FAILED`` in ``last_error``), never the pass: the other
+routes and mails are notified and the mail is still stamped.
 """
 
 from __future__ import annotations
@@ -17,11 +20,12 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from sqlalchemy import select
+from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from mailroom.db import transaction
 from mailroom.delivery.producer import create_message, enqueue_messages
-from mailroom.models import Document, InboundMail, MailboxCursor, StoredFile
+from mailroom.models import ChannelMessage, Document, InboundMail, MailboxCursor, StoredFile
 from mailroom.recognition.finality import finalize_settled_mails
 from mailroom.settings import DeliverySettings, NotificationRoute
 
@@ -29,6 +33,8 @@ logger = logging.getLogger(__name__)
 
 #: Longest field value quoted in a notification, in characters.
 MAX_VALUE_CHARS = 200
+#: ``last_error`` prefix of a notification whose route could not be rendered.
+ROUTE_FAILED = "ROUTE_FAILED"
 
 
 @dataclass
@@ -175,9 +181,14 @@ async def create_notifications(
     for summary, mail in zip(await _summaries(session, mails), mails, strict=True):
         state = int((mail.finalized_at or now).timestamp() * 1000)
         for number, route in enumerate(routes):
-            if not route_matches(route, summary):
+            key = f"mail:{mail.id}:final:{state}:route:{number}"
+            try:  # settings check templates at load; what still raises is this route's alone
+                if not route_matches(route, summary):
+                    continue
+                subject, body = render_route(route, summary)
+            except Exception as exc:
+                await _record_route_failure(session, route, number, mail.id, key, exc)
                 continue
-            subject, body = render_route(route, summary)
             message_id = await create_message(
                 session,
                 channel=route.channel,
@@ -186,7 +197,7 @@ async def create_notifications(
                 subject=subject,
                 body=body,
                 mail_id=mail.id,
-                dedupe_key=f"mail:{mail.id}:final:{state}:route:{number}",
+                dedupe_key=key,
             )
             if message_id is not None:
                 batch.message_ids.append(message_id)
@@ -196,6 +207,33 @@ async def create_notifications(
             "Created %d notification(s) for %d final mail(s)", len(batch.message_ids), len(mails)
         )
     return batch
+
+
+async def _record_route_failure(
+    session: AsyncSession,
+    route: NotificationRoute,
+    number: int,
+    mail_id: int,
+    key: str,
+    exc: Exception,
+) -> None:
+    """A ``failed`` message for the route, so the failure is visible where messages are."""
+    error = f"{ROUTE_FAILED}: route {number}: {type(exc).__name__}: {_short(exc)}"
+    logger.error("Notification of mail %d: %s", mail_id, error)
+    await session.execute(
+        insert(ChannelMessage)
+        .values(
+            channel=str(getattr(route, "channel", "?"))[:50],
+            account=str(getattr(route, "account", "default"))[:100],
+            recipient=str(getattr(route, "recipient", "?")),
+            body="",
+            status="failed",
+            last_error=error,
+            dedupe_key=key,
+            mail_id=mail_id,
+        )
+        .on_conflict_do_nothing(index_elements=["dedupe_key"])
+    )
 
 
 async def notify_final_mails(
