@@ -310,32 +310,32 @@ async def test_watchdog_and_result_race_whoever_locks_first_decides(
     ref = await recognition_factory.create_job(
         status="processing", reply_deadline=T0 - timedelta(seconds=1)
     )
-    # Hold the row so both contenders queue on its lock, in a known order.
-    async with db_sessions() as blocker, blocker.begin():
-        await blocker.execute(
-            text("SELECT 1 FROM recognition_job WHERE id = :id FOR UPDATE"), {"id": ref.job_id}
-        )
-        contenders = {
-            "watchdog": lambda: expire_recognition_deadlines(db_sessions, now=T0),
-            "result": lambda: apply(db_sessions, body(ref, "done"), msg_id(ref, "result")),
-        }
-        second = "result" if first == "watchdog" else "watchdog"
-        task_first = asyncio.create_task(contenders[first]())
-        await asyncio.sleep(0.2)
-        task_second = asyncio.create_task(contenders[second]())
-        await asyncio.sleep(0.2)
-    results = {first: await task_first, second: await task_second}
+    result = lambda: apply(db_sessions, body(ref, "done"), msg_id(ref, "result"))  # noqa: E731
+    if first == "watchdog":
+        timed_out = await expire_recognition_deadlines(db_sessions, now=T0)
+        applied = await result()
+        assert timed_out.timed_out == [ref.job_id]
+        assert applied.applied == "result_late"
+        expected = ("timeout", "ERROR")
+    else:
+        # The inbox holds the row: the watchdog skips it (SKIP LOCKED) instead of waiting,
+        # and the result, once committed, leaves nothing for a later pass.
+        async with db_sessions() as inbox, inbox.begin():
+            await inbox.execute(
+                text("SELECT 1 FROM recognition_job WHERE id = :id FOR UPDATE"),
+                {"id": ref.job_id},
+            )
+            skipped = await asyncio.wait_for(
+                expire_recognition_deadlines(db_sessions, now=T0), timeout=5
+            )
+        assert skipped.timed_out == []
+        assert (await result()).applied == "result_applied"
+        assert (await expire_recognition_deadlines(db_sessions, now=T0)).timed_out == []
+        expected = ("done", "PROCESSING")
 
     job = await recognition_factory.job(ref.job_id)
     file = await recognition_factory.file(ref.file_id)
-    if first == "watchdog":
-        assert results["watchdog"].timed_out == [ref.job_id]
-        assert results["result"].applied == "result_late"
-        assert (job["status"], file["status"]) == ("timeout", "ERROR")
-    else:
-        assert results["result"].applied == "result_applied"
-        assert results["watchdog"].timed_out == []
-        assert (job["status"], file["status"]) == ("done", "PROCESSING")
+    assert (job["status"], file["status"]) == expected
 
 
 async def test_database_errors_propagate_so_the_actor_retries(published, postgres_server):
