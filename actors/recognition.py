@@ -91,6 +91,7 @@ async def apply_recognition_message(subject: str, data: str, headers: dict[str, 
         data=message.data,
         headers=message.headers,
         max_bytes=resources.settings.recognition.max_message_bytes,
+        max_attempts=resources.settings.recognition.max_processing_attempts,
     )
     if result.map_job_id is not None:
         await send_off_loop(map_recognition_result, str(result.map_job_id))
@@ -121,6 +122,7 @@ async def apply_recognition_messages(messages: list[dict[str, Any]]) -> None:
         await resources.sessions(),
         decoded,
         max_bytes=resources.settings.recognition.max_message_bytes,
+        max_attempts=resources.settings.recognition.max_processing_attempts,
     )
     map_job_ids = [str(o.map_job_id) for o in outcomes if o.map_job_id is not None]
     failed = [

@@ -502,10 +502,15 @@ async def apply_recognition_message(
     data: bytes,
     headers: Mapping[str, str],
     max_bytes: int,
+    max_attempts: int = RecognitionSettings().max_processing_attempts,
     now: datetime | None = None,
 ) -> InboxOutcome:
     """Apply one ack or result; database errors propagate (the caller retries)."""
     [outcome] = await apply_recognition_messages(
-        sessions, [InboxMessage(subject, data, headers)], max_bytes=max_bytes, now=now
+        sessions,
+        [InboxMessage(subject, data, headers)],
+        max_bytes=max_bytes,
+        max_attempts=max_attempts,
+        now=now,
     )
     return outcome
