@@ -132,6 +132,9 @@ def system_env(
         MAILROOM_NATS__STREAM_NAME=f"E2E{tag}",
         MAILROOM_NATS__INBOX_DURABLE=f"inbox{tag}",
         MAILROOM_RECOGNITION__ACK_TIMEOUT_S="5",
+        # A worker killed between the inbox's commit and its send to mapping leaves results
+        # for the unmapped sweep: short here, so fault tests do not wait a minute for it.
+        MAILROOM_RECOGNITION__UNMAPPED_AFTER_S="5",
         # The no-ack window (5 s x 4) must be twice the bridge's ack wait (a Settings check).
         MAILROOM_NATS__BRIDGE_ACK_WAIT_S="10",
         MAILROOM_INTAKE__MAILBOXES=json.dumps([mailbox]),
