@@ -124,10 +124,11 @@ def _settings_env(state: Path, postgres: str, redis: str, nats: str) -> dict[str
     }
 
 
-def _run_one_shot(bin_dir: Path, args: list[str], env: dict[str, str], cwd: Path) -> str:
-    command = [str(bin_dir / "mailroom"), *args]
-    result = subprocess.run(
-        command,
+def _run(
+    bin_dir: Path, args: list[str], env: dict[str, str], cwd: Path
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(bin_dir / "mailroom"), *args],
         env=env,
         cwd=cwd,
         capture_output=True,
@@ -135,6 +136,10 @@ def _run_one_shot(bin_dir: Path, args: list[str], env: dict[str, str], cwd: Path
         timeout=ONE_SHOT_TIMEOUT_S,
         check=False,
     )
+
+
+def _run_one_shot(bin_dir: Path, args: list[str], env: dict[str, str], cwd: Path) -> str:
+    result = _run(bin_dir, args, env, cwd)
     output = result.stdout + result.stderr
     if result.returncode != 0 or "Traceback" in output:
         raise SmokeFailure(f"mailroom {' '.join(args)}: exit {result.returncode}\n{output[-4000:]}")
@@ -143,15 +148,7 @@ def _run_one_shot(bin_dir: Path, args: list[str], env: dict[str, str], cwd: Path
 
 def check_dev_refused(bin_dir: Path, env: dict[str, str], cwd: Path) -> str:
     """``mailroom dev`` without the dev tooling: one line naming what is missing, exit 2."""
-    result = subprocess.run(
-        [str(bin_dir / "mailroom"), "dev"],
-        env=env,
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=ONE_SHOT_TIMEOUT_S,
-        check=False,
-    )
+    result = _run(bin_dir, ["dev"], env, cwd)
     lines = (result.stdout + result.stderr).strip().splitlines()
     if result.returncode != 2 or len(lines) != 1 or "dev dependencies" not in lines[0]:
         raise SmokeFailure(f"mailroom dev: exit {result.returncode}\n" + "\n".join(lines[-40:]))
