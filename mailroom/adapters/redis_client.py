@@ -38,15 +38,30 @@ def _options(settings: RedisSettings, block_s: float) -> dict[str, Any]:
     }
 
 
+#: Retries of an operator command's client: one replaces a dead pooled connection; an
+#: operator waits for no backoff schedule before hearing that Redis is down.
+CLI_REDIS_ATTEMPTS = 1
+
+
 def _backoff(settings: RedisSettings) -> ExponentialBackoff:
     return ExponentialBackoff(cap=settings.retry_backoff_cap_s, base=settings.retry_backoff_base_s)
 
 
 def async_client(
-    url: str, settings: RedisSettings, *, block_s: float = 0.0, **extra: Any
+    url: str,
+    settings: RedisSettings,
+    *,
+    block_s: float = 0.0,
+    attempts: int | None = None,
+    **extra: Any,
 ) -> aioredis.Redis:
-    """An asyncio client for ``url``; ``block_s`` is its longest blocking read."""
-    retry = redis.asyncio.retry.Retry(_backoff(settings), settings.retry_attempts, RETRIED_ERRORS)
+    """An asyncio client for ``url``; ``block_s`` is its longest blocking read.
+
+    ``attempts`` overrides ``settings.retry_attempts`` (operator commands fail fast).
+    """
+    if attempts is None:
+        attempts = settings.retry_attempts
+    retry = redis.asyncio.retry.Retry(_backoff(settings), attempts, RETRIED_ERRORS)
     return aioredis.Redis.from_url(url, retry=retry, **_options(settings, block_s), **extra)
 
 

@@ -21,7 +21,7 @@ from dramatiq import Message
 from rich.console import Console
 from rich.table import Table
 
-from mailroom.adapters.redis_client import sync_client
+from mailroom.adapters.redis_client import CLI_REDIS_ATTEMPTS, sync_client
 from mailroom.audit import OPERATOR, operator_id, record_audit_event
 from mailroom.settings import Settings
 
@@ -54,7 +54,7 @@ def _queues(settings: Settings) -> list[str]:
 
 
 def _client(settings: Settings) -> redis.Redis:
-    return sync_client(settings.broker_redis_url, settings.redis)
+    return sync_client(settings.broker_redis_url, settings.redis, attempts=CLI_REDIS_ATTEMPTS)
 
 
 def _last_line(traceback: str | None) -> str:

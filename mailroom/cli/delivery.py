@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from mailroom.adapters.redis_client import async_client
+from mailroom.adapters.redis_client import CLI_REDIS_ATTEMPTS, async_client
 from mailroom.audit import operator_id
 from mailroom.db import create_engine, create_sessionmaker, transaction
 from mailroom.settings import Settings
@@ -35,7 +35,7 @@ def _run(settings: Settings, work: Callable[[Clients], Awaitable[T]]) -> T:
 
     async def main() -> T:
         engine = create_engine(settings.database)
-        client = async_client(settings.redis.url, settings.redis)
+        client = async_client(settings.redis.url, settings.redis, attempts=CLI_REDIS_ATTEMPTS)
         try:
             return await work((create_sessionmaker(engine), client))
         finally:

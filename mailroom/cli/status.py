@@ -16,7 +16,7 @@ from rich.table import Table
 from sqlalchemy import func, select
 
 from actors.queues import ALL as QUEUES
-from mailroom.adapters.redis_client import async_client
+from mailroom.adapters.redis_client import CLI_REDIS_ATTEMPTS, async_client
 from mailroom.db import create_engine, create_sessionmaker, libpq_dsn
 from mailroom.models import ChannelMessage, InboundMail, MailboxCursor, RecognitionJob, StoredFile
 from mailroom.settings import Settings
@@ -68,7 +68,12 @@ async def collect_status(settings: Settings) -> dict[str, Any]:
 
 
 async def _redis_status(settings: Settings) -> dict[str, Any]:
-    client = async_client(settings.broker_redis_url, settings.redis, decode_responses=True)
+    client = async_client(
+        settings.broker_redis_url,
+        settings.redis,
+        attempts=CLI_REDIS_ATTEMPTS,
+        decode_responses=True,
+    )
     namespace = settings.broker.namespace
     try:
         queues = {}

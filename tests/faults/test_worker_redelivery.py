@@ -23,8 +23,10 @@ pytestmark = pytest.mark.faults
 
 HEARTBEAT_TIMEOUT_MS = 3_000
 MAINTENANCE_INTERVAL_S = 0.5
-#: The bound we promise, plus the surviving worker's idle fetch poll and process start slack.
-BOUND_S = HEARTBEAT_TIMEOUT_MS / 1000 + MAINTENANCE_INTERVAL_S + 3.0
+#: The bound we promise, plus the surviving worker's idle fetch poll (Dramatiq's 1 s here) and
+#: slack for a loaded 2-core machine (6.7 s was seen once with 3 s of slack). Without Mailroom's
+#: maintenance the redelivery takes over a minute, so the check keeps its meaning.
+BOUND_S = HEARTBEAT_TIMEOUT_MS / 1000 + MAINTENANCE_INTERVAL_S + 5.0
 
 
 def _worker_env(redis_url: str) -> dict[str, str]:
