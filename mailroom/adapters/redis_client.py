@@ -43,8 +43,14 @@ def _options(settings: RedisSettings, block_s: float) -> dict[str, Any]:
 CLI_REDIS_ATTEMPTS = 1
 
 
-def _backoff(settings: RedisSettings) -> ExponentialBackoff:
-    return ExponentialBackoff(cap=settings.retry_backoff_cap_s, base=settings.retry_backoff_base_s)
+def _retry_args(
+    settings: RedisSettings, attempts: int | None
+) -> tuple[ExponentialBackoff, int, tuple[type[Exception], ...]]:
+    """What both clients' ``Retry`` take: backoff, retries (``attempts`` if given), errors."""
+    backoff = ExponentialBackoff(
+        cap=settings.retry_backoff_cap_s, base=settings.retry_backoff_base_s
+    )
+    return backoff, settings.retry_attempts if attempts is None else attempts, RETRIED_ERRORS
 
 
 def async_client(
@@ -59,9 +65,7 @@ def async_client(
 
     ``attempts`` overrides ``settings.retry_attempts`` (operator commands fail fast).
     """
-    if attempts is None:
-        attempts = settings.retry_attempts
-    retry = redis.asyncio.retry.Retry(_backoff(settings), attempts, RETRIED_ERRORS)
+    retry = redis.asyncio.retry.Retry(*_retry_args(settings, attempts))
     return aioredis.Redis.from_url(url, retry=retry, **_options(settings, block_s), **extra)
 
 
@@ -77,7 +81,5 @@ def sync_client(
 
     ``attempts`` overrides ``settings.retry_attempts`` for callers with a retry loop of their own.
     """
-    if attempts is None:
-        attempts = settings.retry_attempts
-    retry = redis.retry.Retry(_backoff(settings), attempts, RETRIED_ERRORS)
+    retry = redis.retry.Retry(*_retry_args(settings, attempts))
     return redis.Redis.from_url(url, retry=retry, **_options(settings, block_s), **extra)

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from mailroom.db import libpq_dsn
-from mailroom.devtools.imap import DEMO_PASSWORD, DEMO_USER, ImapServer
+from mailroom.devtools.imap import ImapServer, demo_mailbox
 from mailroom.devtools.seed import sample_mails
 from mailroom.devtools.sinks import SmtpSink, WebhookSink
 from mailroom.devtools.stack import EmbeddedNats, EmbeddedPostgres, EmbeddedRedis, ServerStartError
@@ -46,14 +46,7 @@ def dev_mailboxes(configured: str | None, *, imap_port: int = DEV_IMAP_PORT) -> 
     mailboxes keep their own values and get the dev server's for the keys they leave
     out; broken JSON is passed on for the settings to report.
     """
-    dev = {
-        "name": "dev",
-        "host": "127.0.0.1",
-        "port": imap_port,
-        "security": "plain",
-        "username": DEMO_USER,
-        "password": DEMO_PASSWORD,
-    }
+    dev = demo_mailbox("dev", "127.0.0.1", imap_port)
     try:
         items = json.loads(configured) if configured else [{}]
     except json.JSONDecodeError:

@@ -22,13 +22,24 @@ from pathlib import Path
 from typing import Any
 
 from imapclient import IMAPClient
-from pydantic import SecretStr
 
 from mailroom.devtools.stack import free_port
 from mailroom.settings import MailboxSettings
 
 DEMO_USER = "demouser"
 DEMO_PASSWORD = "demopass"
+
+
+def demo_mailbox(name: str, host: str, port: int) -> dict[str, Any]:
+    """The keys of a mailbox read from a dev IMAP server: plain text, the demo login."""
+    return {
+        "name": name,
+        "host": host,
+        "port": port,
+        "security": "plain",
+        "username": DEMO_USER,
+        "password": DEMO_PASSWORD,
+    }
 
 
 def _server_args(
@@ -247,15 +258,10 @@ class ImapServer:
 
     def mailbox_settings(self, name: str, folder: str, **overrides: Any) -> MailboxSettings:
         values: dict[str, Any] = {
-            "name": name,
-            "host": self.host,
-            "port": self.port,
-            "security": "plain",
-            "username": DEMO_USER,
-            "password": SecretStr(DEMO_PASSWORD),
+            **demo_mailbox(name, self.host, self.port),
             "folder": folder,
             "idle": False,
             "timeout_s": 10.0,
+            **overrides,
         }
-        values.update(overrides)
         return MailboxSettings(**values)

@@ -19,7 +19,7 @@ from typing import Any
 import psycopg
 
 from mailroom.devtools.dev import WORKER_POLL_MS, process_specs
-from mailroom.devtools.imap import DEMO_PASSWORD, DEMO_USER, ImapServer
+from mailroom.devtools.imap import ImapServer, demo_mailbox
 from mailroom.devtools.sinks import WebhookSink
 from mailroom.devtools.supervisor import Child, Supervisor
 from mailroom.migrate import PROJECT_ROOT
@@ -105,12 +105,7 @@ def system_env(
     tag = uuid.uuid4().hex[:8]
     env = {k: v for k, v in os.environ.items() if not k.startswith("MAILROOM_")}
     mailbox = {
-        "name": "e2e",
-        "host": imap.host,
-        "port": imap.port,
-        "security": "plain",
-        "username": DEMO_USER,
-        "password": DEMO_PASSWORD,
+        **demo_mailbox("e2e", imap.host, imap.port),
         "folder": folder,
         "idle": idle,
         "idle_timeout_s": 5,
