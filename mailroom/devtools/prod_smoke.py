@@ -146,13 +146,50 @@ def _run_one_shot(bin_dir: Path, args: list[str], env: dict[str, str], cwd: Path
     return output
 
 
-def check_dev_refused(bin_dir: Path, env: dict[str, str], cwd: Path) -> str:
-    """``mailroom dev`` without the dev tooling: one line naming what is missing, exit 2."""
-    result = _run(bin_dir, ["dev"], env, cwd)
+def _check_short_answer(
+    bin_dir: Path,
+    what: str,
+    args: list[str],
+    env: dict[str, str],
+    cwd: Path,
+    *,
+    code: int,
+    needle: str,
+    max_lines: int = 1,
+) -> str:
+    """A command that must fail with ``code`` in at most ``max_lines`` lines naming ``needle``."""
+    result = _run(bin_dir, args, env, cwd)
     lines = (result.stdout + result.stderr).strip().splitlines()
-    if result.returncode != 2 or len(lines) != 1 or "dev dependencies" not in lines[0]:
-        raise SmokeFailure(f"mailroom dev: exit {result.returncode}\n" + "\n".join(lines[-40:]))
-    return f"  dev: refused in one line ({lines[0]})"
+    if result.returncode != code or not 0 < len(lines) <= max_lines or needle not in lines[0]:
+        raise SmokeFailure(f"{what}: exit {result.returncode}\n" + "\n".join(lines[-40:]))
+    return f"  {what}: exit {code}, {len(lines)} line(s): {lines[0]}"
+
+
+def check_operator_mistakes(bin_dir: Path, env: dict[str, str], cwd: Path) -> list[str]:
+    """What an operator of this install sees for the usual mistakes: short answers, no traceback."""
+    dead_database = f"postgresql+psycopg://mailroom@127.0.0.1:{free_port()}/mailroom"
+    return [
+        _check_short_answer(bin_dir, "dev", ["dev"], env, cwd, code=2, needle="dev dependencies"),
+        _check_short_answer(
+            bin_dir,
+            "status with a misspelt variable",
+            ["status"],
+            {**env, "MAILROOM_DATABSE__URL": "x"},
+            cwd,
+            code=2,
+            needle="MAILROOM_DATABSE__URL",
+        ),
+        _check_short_answer(
+            bin_dir,
+            "status with Postgres down",
+            ["status"],
+            {**env, "MAILROOM_DATABASE__URL": dead_database},
+            cwd,
+            code=1,
+            needle="cannot reach Postgres",
+            max_lines=3,
+        ),
+    ]
 
 
 def check_imports(python: Path, env: dict[str, str], cwd: Path) -> str:
@@ -255,7 +292,7 @@ def smoke(python: Path) -> None:
                 **_settings_env(state, postgres.url(), redis.url, nats.url),
             }
             print(check_imports(python, env, work))
-            print(check_dev_refused(bin_dir, env, work))
+            print(*check_operator_mistakes(bin_dir, env, work), sep="\n")
             _run_one_shot(bin_dir, ["migrate"], env, work)
             print("  migrate: exit 0")
             _run_one_shot(bin_dir, ["status"], env, work)
