@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -46,6 +47,10 @@ class _Record:
     def unique(self) -> list[Received]:
         with self.lock:
             return [item for item in self.items if not item.duplicate]
+
+    def per_key(self) -> Counter[str]:
+        with self.lock:
+            return Counter(item.key for item in self.items)
 
 
 class WebhookSink:
@@ -91,6 +96,10 @@ class WebhookSink:
     @property
     def received(self) -> list[Received]:
         return self.record.unique()
+
+    def posts_per_key(self) -> Counter[str]:
+        """How many POSTs arrived per ``Idempotency-Key``; above 1, the sender re-sent it."""
+        return self.record.per_key()
 
     def start(self) -> WebhookSink:
         self._thread.start()

@@ -130,6 +130,13 @@ class _Server:
             self.process.kill()
             self.process.wait()
 
+    def kill_and_restart(self, down_s: float = 0.0) -> Self:
+        """Kill -9, stay down ``down_s``, start again on the same port and data dir (fault drills)."""
+        self.kill()
+        self.stop()  # closes the log file; start() opens it again
+        time.sleep(down_s)
+        return self.start()  # type: ignore[attr-defined,no-any-return]
+
     def __enter__(self) -> Self:
         self.start()  # type: ignore[attr-defined]
         return self
