@@ -16,6 +16,10 @@ from dramatiq import Worker
 from dramatiq.brokers.stub import StubBroker
 from dramatiq.worker import _WorkerMiddleware
 
+#: CI's switch (``tests/fixtures/dovecot.py``), read before the loop below drops it with every
+#: other ``MAILROOM_*`` variable: a missing Dovecot fails its tests instead of skipping them.
+_require_dovecot = os.environ.get("MAILROOM_TEST_REQUIRE_DOVECOT") == "1"
+
 # Stray MAILROOM_* variables from a developer's shell must not leak into tests.
 for _name in [n for n in os.environ if n.startswith("MAILROOM_")]:
     del os.environ[_name]
@@ -32,6 +36,30 @@ pytest_plugins = sorted(
 
 #: The one StubBroker of the test session, with every actor declared on it.
 broker = dramatiq.get_broker()
+
+
+# The hooks import the fixture module when they run: imported here, before pytest loads it as
+# a plugin, its asserts would not be rewritten.
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    from tests.fixtures.dovecot import require_dovecot_key
+
+    config.stash[require_dovecot_key] = _require_dovecot
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """Name the IMAP servers the intake contract runs on."""
+    from tests.fixtures.dovecot import REQUIRE_DOVECOT_ENV, dovecot_version, find_dovecot
+
+    dovecot = find_dovecot()
+    if dovecot is None:
+        found = "not installed, its tests are skipped (apt-get install dovecot-imapd)"
+        if _require_dovecot:
+            found = f"not installed, and {REQUIRE_DOVECOT_ENV}=1: its tests fail"
+    else:
+        found = f"{dovecot_version(dovecot)} ({dovecot})"
+    return [f"IMAP servers: pymap; Dovecot {found}"]
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,5 @@
-"""One contract for the mailbox port, met by the in-memory fake and by imapclient on pymap."""
+"""One contract for the mailbox port, met by the in-memory fake and by imapclient on pymap and
+on Dovecot (skipped where Dovecot is not installed)."""
 
 from __future__ import annotations
 
@@ -14,12 +15,12 @@ from mailroom.adapters.imap import (
     MailboxUnavailable,
     MemoryServer,
 )
-from tests.fixtures.imap import make_mail
+from tests.fixtures.imap import SERVERS, make_mail, new_folder, on_every_server, server_named
 
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(params=["fake", "real"])
+@pytest.fixture(params=["fake", *SERVERS])
 def mailbox_with_three_mails(request):
     mails = [make_mail(n) for n in range(3)]
     if request.param == "fake":
@@ -29,10 +30,10 @@ def mailbox_with_three_mails(request):
             server.append("box", raw)
         settings = request.getfixturevalue("imap_server").mailbox_settings("m", "box")
         return server.factory()(settings), mails
-    imap_server = request.getfixturevalue("imap_server")
-    folder = request.getfixturevalue("imap_folder")
-    imap_server.append(folder, *mails)
-    return ImapMailbox(imap_server.mailbox_settings("m", folder)), mails
+    mail_server = server_named(request, request.param)
+    folder = new_folder(mail_server)
+    mail_server.append(folder, *mails)
+    return ImapMailbox(mail_server.mailbox_settings("m", folder)), mails
 
 
 async def test_mailbox_reads_new_uids_in_order_and_fetches_them(mailbox_with_three_mails):
@@ -76,23 +77,25 @@ async def test_larger_than_names_the_mails_over_a_size(mailbox_with_three_mails)
         await box.close()
 
 
-async def test_idle_times_out_quietly_when_nothing_arrives(imap_server, imap_folder):
-    box = ImapMailbox(imap_server.mailbox_settings("m", imap_folder))
+@on_every_server
+async def test_idle_times_out_quietly_when_nothing_arrives(mail_server, mail_folder):
+    box = ImapMailbox(mail_server.mailbox_settings("m", mail_folder))
     await box.connect()
     try:
-        await box.select(imap_folder)
+        await box.select(mail_folder)
         assert await box.idle(0.2) is False
         assert await box.uids_above(0) == []
     finally:
         await box.close()
 
 
+@on_every_server
 async def test_close_during_a_cancelled_idle_ends_the_thread_and_the_socket(
-    imap_server, imap_folder
+    mail_server, mail_folder
 ):
-    box = ImapMailbox(imap_server.mailbox_settings("m", imap_folder))
+    box = ImapMailbox(mail_server.mailbox_settings("m", mail_folder))
     await box.connect()
-    await box.select(imap_folder)
+    await box.select(mail_folder)
     sock = box._client._imap.sock
     idle = asyncio.create_task(box.idle(30))
     await asyncio.sleep(0.2)
