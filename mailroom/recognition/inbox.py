@@ -17,7 +17,6 @@ kills its worker ends its job after a bound (``inbox_attempts.py``).
 
 from __future__ import annotations
 
-import json
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -26,11 +25,10 @@ from datetime import datetime
 from typing import Any, cast
 
 from sqlalchemy import exc as sa_exc
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from mailroom.models import FINAL_JOB_STATUSES
-from mailroom.recognition import attempts
+from mailroom.recognition import attempts, inbox_sql
 from mailroom.recognition.contracts import (
     RecognitionResponse,
     ack_msg_id,
@@ -48,82 +46,6 @@ from mailroom.recognition.revive import reopen_mails, revivable, revive
 from mailroom.settings import RecognitionSettings
 
 logger = logging.getLogger(__name__)
-
-# The columns an answer may change; the batch reads them under the lock and writes them back.
-_LOCK_JOBS = text(
-    """
-    SELECT id, file_id, status, attempt, result_msg_id, metrics, started_at, finished_at,
-           service_name, service_version, fields_total, fields_low_confidence,
-           fields_unrecognized, error_code, error_message, result_schema_version,
-           result_object_id, reply_deadline
-      FROM recognition_job
-     WHERE id = ANY(:ids)
-     ORDER BY id
-       FOR UPDATE
-    """
-)
-
-# Sorted, so two batches registering the same keys wait for each other instead of deadlocking.
-_REGISTER_OBJECTS = text(
-    """
-    INSERT INTO stored_object (bucket_role, bucket, key, created_by)
-    SELECT 'results', r.bucket, r.key, r.created_by
-      FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(bucket text, key text, created_by text)
-     ORDER BY r.bucket, r.key
-    ON CONFLICT (bucket, key) DO NOTHING
-    RETURNING id, bucket, key
-    """
-)
-
-# A separate statement: its fresh snapshot sees objects another transaction committed while
-# our INSERT waited on them (ON CONFLICT DO NOTHING returns nothing for those).
-_FIND_OBJECTS = text(
-    """
-    SELECT o.id, o.bucket, o.key
-      FROM stored_object AS o
-      JOIN jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(bucket text, key text)
-        ON o.bucket = r.bucket AND o.key = r.key
-    """
-)
-
-# The jobs and their current files in one statement (Postgres runs a data-modifying WITH
-# whether or not the main statement reads it). The ``= ANY`` arrays steer the planner to the
-# primary keys: it cannot size ``jsonb_to_recordset`` and would scan both tables. A file follows
-# only its current job and leaves UPLOADED only forward; an error result fails it; a revived
-# job's answer replaces the NO_ACK ERROR (revive.py).
-_WRITE_BACK = text(
-    """
-    WITH jobs AS (
-        UPDATE recognition_job AS j
-           SET status = r.status, started_at = r.started_at, finished_at = r.finished_at,
-               service_name = r.service_name, service_version = r.service_version,
-               metrics = CASE WHEN r.metrics_changed THEN r.metrics ELSE j.metrics END,
-               fields_total = r.fields_total,
-               fields_low_confidence = r.fields_low_confidence,
-               fields_unrecognized = r.fields_unrecognized,
-               error_code = r.error_code, error_message = r.error_message,
-               result_schema_version = r.result_schema_version,
-               result_object_id = r.result_object_id, result_msg_id = r.result_msg_id
-          FROM jsonb_to_recordset(CAST(:jobs AS jsonb)) AS r(
-               id uuid, status text, started_at timestamptz, finished_at timestamptz,
-               service_name text, service_version text, metrics_changed boolean, metrics jsonb,
-               fields_total int, fields_low_confidence int, fields_unrecognized int,
-               error_code text, error_message text, result_schema_version text,
-               result_object_id bigint, result_msg_id text)
-         WHERE j.id = r.id AND j.id = ANY(CAST(:job_ids AS uuid[]))
-        RETURNING j.id
-    )
-    UPDATE stored_file AS f
-       SET status = CASE WHEN r.error THEN 'ERROR' ELSE 'PROCESSING' END,
-           status_reason = CASE WHEN r.error OR r.revived THEN r.reason ELSE f.status_reason END,
-           updated_at = :now
-      FROM jsonb_to_recordset(CAST(:files AS jsonb))
-           AS r(job_id uuid, file_id bigint, error boolean, revived boolean, reason text)
-     WHERE f.id = r.file_id AND f.id = ANY(CAST(:file_ids AS bigint[]))
-       AND f.current_recognition_job_id = r.job_id
-       AND (r.error OR f.status = 'UPLOADED' OR (r.revived AND f.status = 'ERROR'))
-    """
-)
 
 
 @dataclass
@@ -289,53 +211,15 @@ def _revive_if_dead_lettered(batch: _Batch, job: _Job, now: datetime, *, ack: bo
     )
 
 
-def _json(value: Any) -> str:
-    return json.dumps(value, default=_json_default, separators=(",", ":"))
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, datetime):
-        return value.isoformat()
-    return str(value)
-
-
 async def _register_objects(session: AsyncSession, jobs: Sequence[_Job]) -> None:
     """Register each result object once (reusing one already there) and link it to its job."""
     wanted = {job.result_object: job.created_by for job in jobs if job.result_object}
     if not wanted:
         return
-    rows = _json(
-        [{"bucket": b, "key": k, "created_by": by} for (b, k), by in sorted(wanted.items())]
-    )
-    ids = {(b, k): i for i, b, k in await session.execute(_REGISTER_OBJECTS, {"rows": rows})}
-    missing = [ref for ref in wanted if ref not in ids]
-    if missing:
-        found = await session.execute(
-            _FIND_OBJECTS, {"rows": _json([{"bucket": b, "key": k} for b, k in missing])}
-        )
-        ids.update({(b, k): i for i, b, k in found})
+    ids = await inbox_sql.register_objects(session, wanted)
     for job in jobs:
         if job.result_object is not None:
             job.row["result_object_id"] = ids.get(job.result_object)
-
-
-_WRITTEN = (
-    "id",
-    "status",
-    "started_at",
-    "finished_at",
-    "service_name",
-    "service_version",
-    "metrics",
-    "fields_total",
-    "fields_low_confidence",
-    "fields_unrecognized",
-    "error_code",
-    "error_message",
-    "result_schema_version",
-    "result_object_id",
-    "result_msg_id",
-)
 
 
 async def _apply_in_one_transaction(
@@ -344,7 +228,7 @@ async def _apply_in_one_transaction(
     batch = _Batch()
     ids = sorted({p.response.job_id for p in parsed})
     async with sessions() as session, session.begin():
-        locked = await session.execute(_LOCK_JOBS, {"ids": ids})
+        locked = await session.execute(inbox_sql.LOCK_JOBS, {"ids": ids})
         jobs = {row.id: _Job(dict(row._mapping)) for row in locked}
         for message in parsed:
             _apply_one(batch, jobs, message, now)
@@ -353,7 +237,7 @@ async def _apply_in_one_transaction(
             await _register_objects(session, changed)
             job_rows = [
                 {
-                    **{name: job.row[name] for name in _WRITTEN},
+                    **{name: job.row[name] for name in inbox_sql.WRITTEN},
                     "metrics_changed": job.result_applied or job.revived,
                 }
                 for job in changed
@@ -371,13 +255,13 @@ async def _apply_in_one_transaction(
                 if job.file_change is not None
             ]
             params = {
-                "jobs": _json(job_rows),
+                "jobs": inbox_sql.to_json(job_rows),
                 "job_ids": [job.id for job in changed],
-                "files": _json(file_rows),
+                "files": inbox_sql.to_json(file_rows),
                 "file_ids": [row["file_id"] for row in file_rows],
                 "now": now,
             }
-            await session.execute(_WRITE_BACK, params)
+            await session.execute(inbox_sql.WRITE_BACK, params)
             revived = [job for job in changed if job.revived]
             await reopen_mails(
                 session, [job.id for job in revived], [job.row["file_id"] for job in revived]

@@ -1,0 +1,140 @@
+"""The inbox's SQL: lock a batch's jobs, register result objects, write the batch back.
+
+Beside ``inbox.py``, which applies each message's rules in Python between the
+lock and the write-back (ARCHITECTURE.md, Recognition, Inbox).
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession
+
+# The columns an answer may change; the batch reads them under the lock and writes them back.
+LOCK_JOBS = text(
+    """
+    SELECT id, file_id, status, attempt, result_msg_id, metrics, started_at, finished_at,
+           service_name, service_version, fields_total, fields_low_confidence,
+           fields_unrecognized, error_code, error_message, result_schema_version,
+           result_object_id, reply_deadline
+      FROM recognition_job
+     WHERE id = ANY(:ids)
+     ORDER BY id
+       FOR UPDATE
+    """
+)
+
+# Sorted, so two batches registering the same keys wait for each other instead of deadlocking.
+REGISTER_OBJECTS = text(
+    """
+    INSERT INTO stored_object (bucket_role, bucket, key, created_by)
+    SELECT 'results', r.bucket, r.key, r.created_by
+      FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(bucket text, key text, created_by text)
+     ORDER BY r.bucket, r.key
+    ON CONFLICT (bucket, key) DO NOTHING
+    RETURNING id, bucket, key
+    """
+)
+
+# A separate statement: its fresh snapshot sees objects another transaction committed while
+# our INSERT waited on them (ON CONFLICT DO NOTHING returns nothing for those).
+FIND_OBJECTS = text(
+    """
+    SELECT o.id, o.bucket, o.key
+      FROM stored_object AS o
+      JOIN jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(bucket text, key text)
+        ON o.bucket = r.bucket AND o.key = r.key
+    """
+)
+
+# The jobs and their current files in one statement (Postgres runs a data-modifying WITH
+# whether or not the main statement reads it). The ``= ANY`` arrays steer the planner to the
+# primary keys: it cannot size ``jsonb_to_recordset`` and would scan both tables. A file follows
+# only its current job and leaves UPLOADED only forward; an error result fails it; a revived
+# job's answer replaces the NO_ACK ERROR (revive.py).
+WRITE_BACK = text(
+    """
+    WITH jobs AS (
+        UPDATE recognition_job AS j
+           SET status = r.status, started_at = r.started_at, finished_at = r.finished_at,
+               service_name = r.service_name, service_version = r.service_version,
+               metrics = CASE WHEN r.metrics_changed THEN r.metrics ELSE j.metrics END,
+               fields_total = r.fields_total,
+               fields_low_confidence = r.fields_low_confidence,
+               fields_unrecognized = r.fields_unrecognized,
+               error_code = r.error_code, error_message = r.error_message,
+               result_schema_version = r.result_schema_version,
+               result_object_id = r.result_object_id, result_msg_id = r.result_msg_id
+          FROM jsonb_to_recordset(CAST(:jobs AS jsonb)) AS r(
+               id uuid, status text, started_at timestamptz, finished_at timestamptz,
+               service_name text, service_version text, metrics_changed boolean, metrics jsonb,
+               fields_total int, fields_low_confidence int, fields_unrecognized int,
+               error_code text, error_message text, result_schema_version text,
+               result_object_id bigint, result_msg_id text)
+         WHERE j.id = r.id AND j.id = ANY(CAST(:job_ids AS uuid[]))
+        RETURNING j.id
+    )
+    UPDATE stored_file AS f
+       SET status = CASE WHEN r.error THEN 'ERROR' ELSE 'PROCESSING' END,
+           status_reason = CASE WHEN r.error OR r.revived THEN r.reason ELSE f.status_reason END,
+           updated_at = :now
+      FROM jsonb_to_recordset(CAST(:files AS jsonb))
+           AS r(job_id uuid, file_id bigint, error boolean, revived boolean, reason text)
+     WHERE f.id = r.file_id AND f.id = ANY(CAST(:file_ids AS bigint[]))
+       AND f.current_recognition_job_id = r.job_id
+       AND (r.error OR f.status = 'UPLOADED' OR (r.revived AND f.status = 'ERROR'))
+    """
+)
+
+#: The job columns the write-back sets (``metrics`` only when ``metrics_changed``).
+WRITTEN = (
+    "id",
+    "status",
+    "started_at",
+    "finished_at",
+    "service_name",
+    "service_version",
+    "metrics",
+    "fields_total",
+    "fields_low_confidence",
+    "fields_unrecognized",
+    "error_code",
+    "error_message",
+    "result_schema_version",
+    "result_object_id",
+    "result_msg_id",
+)
+
+
+def to_json(value: Any) -> str:
+    """Compact JSON for the ``jsonb_to_recordset`` parameters; datetimes as ISO text."""
+    return json.dumps(value, default=_json_default, separators=(",", ":"))
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return str(value)
+
+
+async def register_objects(
+    session: AsyncSession, wanted: dict[tuple[str, str], str]
+) -> dict[tuple[str, str], int]:
+    """Register each (bucket, key) once, reusing one already there; their ids.
+
+    ``wanted`` maps each object to its ``created_by``.
+    """
+    rows = to_json(
+        [{"bucket": b, "key": k, "created_by": by} for (b, k), by in sorted(wanted.items())]
+    )
+    ids = {(b, k): i for i, b, k in await session.execute(REGISTER_OBJECTS, {"rows": rows})}
+    missing = [ref for ref in wanted if ref not in ids]
+    if missing:
+        found = await session.execute(
+            FIND_OBJECTS, {"rows": to_json([{"bucket": b, "key": k} for b, k in missing])}
+        )
+        ids.update({(b, k): i for i, b, k in found})
+    return ids
