@@ -1,12 +1,12 @@
-"""Attachments through pymap into Postgres and the object store: names, types, limits."""
+"""Attachments through pymap and Dovecot into Postgres and the object store: names, types, limits."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.fixtures.imap import make_mail
+from tests.fixtures.imap import make_mail, on_every_server
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, on_every_server]
 
 
 async def _ingest_one(env, raw: bytes):

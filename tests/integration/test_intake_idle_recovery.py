@@ -8,15 +8,16 @@ import pytest
 from imapclient import IMAPClient
 
 from mailroom.adapters.imap import ImapMailbox
-from tests.fixtures.imap import csv_mail
+from tests.fixtures.imap import csv_mail, on_every_server
 
 pytestmark = pytest.mark.integration
 
 
+@on_every_server
 async def test_idle_that_the_server_answers_out_of_step_reconnects_and_fetches(
-    imap_server, imap_folder, monkeypatch
+    mail_server, mail_folder, monkeypatch
 ):
-    mailbox = ImapMailbox(imap_server.mailbox_settings("box", imap_folder, idle=True))
+    mailbox = ImapMailbox(mail_server.mailbox_settings("box", mail_folder, idle=True))
     original_idle = IMAPClient.idle
     calls = []
 
@@ -29,8 +30,8 @@ async def test_idle_that_the_server_answers_out_of_step_reconnects_and_fetches(
     monkeypatch.setattr(IMAPClient, "idle", out_of_step)
     try:
         await mailbox.connect()
-        await mailbox.select(imap_folder)
-        (uid,) = imap_server.append(imap_folder, csv_mail(1))
+        await mailbox.select(mail_folder)
+        (uid,) = mail_server.append(mail_folder, csv_mail(1))
 
         assert await mailbox.idle(5.0) is True
         # The fresh connection has the folder selected and sees the new mail.

@@ -1,4 +1,5 @@
-"""Intake against pymap and Postgres: ordered ingest, resumption, leases, concurrency."""
+"""Intake against pymap (and Dovecot, for what servers differ on) and Postgres: ordered ingest,
+resumption, leases, concurrency."""
 
 from __future__ import annotations
 
@@ -14,11 +15,12 @@ from mailroom.adapters.imap import ImapMailbox
 from mailroom.adapters.storage import sha256_hex
 from mailroom.intake.poll import poll_mailbox
 from mailroom.models import MailboxCursor
-from tests.fixtures.imap import csv_mail, make_mail
+from tests.fixtures.imap import csv_mail, make_mail, on_every_server
 
 pytestmark = pytest.mark.integration
 
 
+@on_every_server
 async def test_mails_are_stored_in_uid_order_with_their_files_and_queued_jobs(intake_env):
     uids = intake_env.append(*(csv_mail(n) for n in range(3)))
 
@@ -57,6 +59,7 @@ async def test_mails_are_stored_in_uid_order_with_their_files_and_queued_jobs(in
     assert b"Subject: mail 0" in raw and sha256_hex(raw) == sha
 
 
+@on_every_server
 async def test_a_second_poll_reads_only_new_mail(intake_env):
     intake_env.append(csv_mail(1))
     await intake_env.poll()
@@ -71,6 +74,7 @@ async def test_a_second_poll_reads_only_new_mail(intake_env):
     assert [m.uid for m in await intake_env.mails()] == [first.last_uid, uid]
 
 
+@on_every_server
 async def test_a_full_batch_says_more_mail_is_waiting(intake_env):
     intake_env.settings.intake.mailboxes[0].batch_size = 2
     uids = intake_env.append(*(make_mail(n) for n in range(5)))
@@ -181,6 +185,7 @@ async def test_first_polls_racing_to_create_the_cursor_both_survive(intake_env):
     assert (await intake_env.cursor()).status == "idle"
 
 
+@on_every_server
 async def test_idle_wakes_up_when_a_mail_arrives(intake_env, monkeypatch):
     box = intake_env.settings.intake.mailboxes[0]
     box.idle, box.idle_timeout_s = True, 20.0
@@ -245,6 +250,7 @@ async def test_a_batch_cancelled_while_postgres_runs_its_group_loses_and_repeats
     assert (await intake_env.cursor()).last_uid == uids[-1]
 
 
+@on_every_server
 async def test_fetches_are_cut_by_bytes_and_every_mail_still_arrives_in_order(intake_env):
     intake_env.settings.intake.fetch_chunk_bytes = 1  # every mail is bigger: one per FETCH
     uids = intake_env.append(*(csv_mail(n) for n in range(4)))
