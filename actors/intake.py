@@ -12,7 +12,6 @@ from actors.recognition import publish_recognition_requests
 from actors.resources import current
 from actors.retry_policy import RetryPolicy
 from mailroom.adapters.imap import ImapMailbox
-from mailroom.intake.cursor import utc_now
 from mailroom.intake.poll import IntakeDeps
 from mailroom.intake.poll import poll_mailbox as poll
 
@@ -32,7 +31,6 @@ async def poll_mailbox(mailbox: str) -> None:
         sessions=await resources.sessions(),
         store=await resources.store(),
         connect=ImapMailbox,
-        clock=utc_now,
         nudge=_nudge_publisher,
     )
     outcome = await poll(str(mailbox), settings=resources.settings.intake, deps=deps)

@@ -37,7 +37,6 @@ from mailroom.adapters.imap import ImapMailbox
 from mailroom.adapters.storage import build_store
 from mailroom.db import create_engine, create_sessionmaker
 from mailroom.devtools.stack import EmbeddedPostgres, _wait_for_port, find_binary, free_port
-from mailroom.intake.cursor import utc_now
 from mailroom.intake.poll import IntakeDeps, poll_mailbox
 from mailroom.migrate import upgrade
 from mailroom.settings import (
@@ -124,7 +123,6 @@ async def run_intake(settings: Settings, name: str) -> tuple[int, float]:
             sessions=create_sessionmaker(engine),
             store=build_store(settings),
             connect=ImapMailbox,
-            clock=utc_now,
             nudge=_no_nudge,
         )
         started = time.perf_counter()

@@ -25,7 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from mailroom.adapters.imap import FetchedMail, Mailbox
 from mailroom.adapters.storage import ObjectStore
 from mailroom.errors import LeaseLost
-from mailroom.intake.cursor import Claim, Clock, adopt_uidvalidity
+from mailroom.intake.cursor import Claim, adopt_uidvalidity
 from mailroom.intake.ingest import (
     ClaimsExhausted,
     Committed,
@@ -64,7 +64,6 @@ class BatchContext:
     intake: IntakeSettings
     sessions: async_sessionmaker[AsyncSession]
     store: ObjectStore
-    clock: Clock
     nudge: Nudge
 
     @property
@@ -243,9 +242,7 @@ async def _commit_next(
     prepared = await window[0]
     window.popleft()
     if prepared.mails:
-        outcome = await commit_group(
-            pg, ctx.claim, prepared.mails, uidvalidity=result.uidvalidity, now=ctx.clock()
-        )
+        outcome = await commit_group(pg, ctx.claim, prepared.mails, uidvalidity=result.uidvalidity)
         if _count(ctx, prepared.mails, outcome.committed, result):
             try:
                 await ctx.nudge()

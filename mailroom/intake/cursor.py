@@ -18,15 +18,15 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from sqlalchemy import ColumnElement, and_, func, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.exc import StatementError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from mailroom.clock import DbClock, db_now
 from mailroom.db import transaction
 from mailroom.errors import LeaseLost
 from mailroom.intake import audit
@@ -34,14 +34,8 @@ from mailroom.models import InboundMail, MailboxCursor
 
 logger = logging.getLogger(__name__)
 
-Clock = Callable[[], datetime]
-
 #: Longest error text kept on a cursor or mail row, in characters.
 MAX_ERROR_CHARS = 2000
-
-
-def utc_now() -> datetime:
-    return datetime.now(UTC)
 
 
 def backoff_s(retry_count: int, *, max_backoff_s: float) -> float:
@@ -88,10 +82,11 @@ async def claim_cursor(
     mailbox: str,
     folder: str,
     lease_s: float,
-    now: datetime,
+    clock: DbClock = db_now,
 ) -> Claim | Skipped:
     """Take the cursor's lease in one short transaction, creating the cursor if missing."""
     async with transaction(sessions) as session:
+        now = await clock(session)
         # Two first polls may race to create the row: the loser's insert does nothing.
         await session.execute(
             insert(MailboxCursor)
@@ -158,10 +153,15 @@ async def forget_attempt(sessions: async_sessionmaker[AsyncSession], claim: Clai
 
 
 async def renew_lease(
-    sessions: async_sessionmaker[AsyncSession], claim: Claim, *, lease_s: float, now: datetime
+    sessions: async_sessionmaker[AsyncSession],
+    claim: Claim,
+    *,
+    lease_s: float,
+    clock: DbClock = db_now,
 ) -> bool:
     """Push ``lease_until`` forward; False when the lease is no longer ours."""
     async with transaction(sessions) as session:
+        now = await clock(session)
         renewed = await session.scalar(
             update(MailboxCursor)
             .where(_owned(claim))
@@ -245,7 +245,7 @@ async def record_mail_failure(
     error: BaseException,
     max_retries: int,
     max_backoff_s: float,
-    now: datetime,
+    clock: DbClock = db_now,
     exhausted: bool = False,
 ) -> Failure:
     """Back off (or block) the cursor at ``uid``, record the attempt on the mail, release the lease.
@@ -254,6 +254,7 @@ async def record_mail_failure(
     """
     text = describe_error(error)
     async with transaction(sessions) as session:
+        now = await clock(session)
         count = await _count_failure(session, claim, f"UID {uid}")
         blocked = exhausted or count >= max_retries
         retry_at = (
@@ -321,10 +322,11 @@ async def record_batch_failure(
     *,
     error: BaseException,
     max_backoff_s: float,
-    now: datetime,
+    clock: DbClock = db_now,
 ) -> Failure:
     """Back the cursor off after a batch that could not run (IMAP down, login refused)."""
     async with transaction(sessions) as session:
+        now = await clock(session)
         count = await _count_failure(session, claim, "a failure")
         retry_at = now + timedelta(seconds=backoff_s(count, max_backoff_s=max_backoff_s))
         await session.execute(
@@ -343,7 +345,7 @@ async def record_batch_failure(
 
 
 async def finish_batch(
-    sessions: async_sessionmaker[AsyncSession], claim: Claim, *, highest_uid: int, now: datetime
+    sessions: async_sessionmaker[AsyncSession], claim: Claim, *, highest_uid: int
 ) -> None:
     """Advance ``last_uid`` to the highest UID scanned, release the lease, reset retry state."""
     async with transaction(sessions) as session:
@@ -359,7 +361,7 @@ async def finish_batch(
                 attempt_count=0,
                 next_retry_at=None,
                 last_error=None,
-                updated_at=now,
+                updated_at=func.now(),
             )
             .returning(MailboxCursor.id)
         )

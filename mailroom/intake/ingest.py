@@ -13,7 +13,6 @@ import asyncio
 import logging
 import uuid
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -152,7 +151,6 @@ async def commit_group(
     group: list[PreparedMail],
     *,
     uidvalidity: int,
-    now: datetime,
 ) -> GroupCommit:
     """Commit the mails in order, each its own fenced transaction, in one round trip.
 
@@ -160,7 +158,7 @@ async def commit_group(
     first mail the lease no longer covers (``LeaseLost``) or that Postgres
     refused (``MailFailed``); the mails before it stay committed.
     """
-    writes = [_mail_write(claim, prepared, uidvalidity=uidvalidity, now=now) for prepared in group]
+    writes = [_mail_write(claim, prepared, uidvalidity=uidvalidity) for prepared in group]
     results, error = await store_mails(pg, writes)
     outcome = GroupCommit([])
     for prepared, stored in zip(group, results, strict=False):
@@ -182,9 +180,7 @@ async def commit_group(
     return outcome
 
 
-def _mail_write(
-    claim: Claim, prepared: PreparedMail, *, uidvalidity: int, now: datetime
-) -> MailWrite:
+def _mail_write(claim: Claim, prepared: PreparedMail, *, uidvalidity: int) -> MailWrite:
     parsed = prepared.parsed
     objects: dict[tuple[str, str], dict[str, Any]] = {}
     raw = prepared.raw_ref
@@ -232,7 +228,6 @@ def _mail_write(
         objects=[objects[k] for k in sorted(objects)],
         files=files,
         created_by=CREATED_BY,
-        now=now,
     )
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -61,7 +60,7 @@ WITH fence AS (
         CAST(%(subject)s AS text), CAST(%(internal_date)s AS timestamptz),
         (SELECT id FROM objects
          WHERE bucket = CAST(%(raw_bucket)s AS text) AND key = CAST(%(raw_key)s AS text)),
-        'stored', CAST(%(problem)s AS text), CAST(%(now)s AS timestamptz)
+        'stored', CAST(%(problem)s AS text), now()
     FROM go
     ON CONFLICT (cursor_id, uidvalidity, uid) DO UPDATE SET
         message_id = EXCLUDED.message_id,
@@ -157,7 +156,6 @@ class MailWrite:
     objects: list[dict[str, Any]]
     files: list[FileRow]
     created_by: str
-    now: datetime
 
     def params(self) -> dict[str, Any]:
         return {
@@ -171,7 +169,6 @@ class MailWrite:
             "objects": _json(self.objects),
             "files": _json([f.__dict__ for f in self.files]),
             "created_by": self.created_by,
-            "now": self.now,
         }
 
 

@@ -17,10 +17,11 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from mailroom.adapters.imap import MailboxFactory
 from mailroom.adapters.storage import ObjectStore
+from mailroom.clock import DbClock, db_now
 from mailroom.errors import AppError, LeaseLost, PermanentError
 from mailroom.intake import cursor as cursors
 from mailroom.intake.batch import BatchContext, BatchResult, Nudge, run_batch
-from mailroom.intake.cursor import Claim, Clock
+from mailroom.intake.cursor import Claim
 from mailroom.intake.ingest import MailFailed
 from mailroom.intake.lease import run_under_lease
 from mailroom.settings import IntakeSettings, MailboxSettings
@@ -43,8 +44,9 @@ class IntakeDeps:
     sessions: async_sessionmaker[AsyncSession]
     store: ObjectStore
     connect: MailboxFactory
-    clock: Clock
     nudge: Nudge
+    #: The database's clock; tests move it forward (ARCHITECTURE.md, One clock).
+    clock: DbClock = db_now
 
 
 @dataclass(frozen=True)
@@ -77,17 +79,17 @@ async def poll_mailbox(name: str, *, settings: IntakeSettings, deps: IntakeDeps)
         mailbox=mailbox.name,
         folder=mailbox.folder,
         lease_s=settings.lease_s,
-        now=deps.clock(),
+        clock=deps.clock,
     )
     if isinstance(claimed, cursors.Skipped):
         logger.debug("Mailbox %s: skipped (%s)", name, claimed.reason)
         return PollOutcome(name, "skipped", claimed.reason)
     claim = claimed
-    ctx = BatchContext(claim, mailbox, settings, deps.sessions, deps.store, deps.clock, deps.nudge)
+    ctx = BatchContext(claim, mailbox, settings, deps.sessions, deps.store, deps.nudge)
 
     async def renew() -> bool:
         return await cursors.renew_lease(
-            deps.sessions, claim, lease_s=settings.lease_s, now=deps.clock()
+            deps.sessions, claim, lease_s=settings.lease_s, clock=deps.clock
         )
 
     try:
@@ -107,9 +109,7 @@ async def poll_mailbox(name: str, *, settings: IntakeSettings, deps: IntakeDeps)
         await cursors.forget_attempt(deps.sessions, claim)
         raise
     try:
-        await cursors.finish_batch(
-            deps.sessions, claim, highest_uid=result.highest_uid, now=deps.clock()
-        )
+        await cursors.finish_batch(deps.sessions, claim, highest_uid=result.highest_uid)
     except LeaseLost as exc:
         return _lease_lost(name, exc)
     if result.ingested or result.duplicates:
@@ -144,7 +144,7 @@ async def _mail_failed(
             error=exc.cause,
             max_retries=settings.max_retries,
             max_backoff_s=settings.max_backoff_s,
-            now=deps.clock(),
+            clock=deps.clock,
             exhausted=exc.exhausted,
         )
     except LeaseLost as lost:
@@ -174,7 +174,7 @@ async def _batch_failed(
     _log_failure(claim.mailbox, "batch failed", exc)
     try:
         failure = await cursors.record_batch_failure(
-            deps.sessions, claim, error=exc, max_backoff_s=settings.max_backoff_s, now=deps.clock()
+            deps.sessions, claim, error=exc, max_backoff_s=settings.max_backoff_s, clock=deps.clock
         )
     except LeaseLost as lost:
         return _lease_lost(claim.mailbox, lost)

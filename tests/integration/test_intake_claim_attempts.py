@@ -26,7 +26,7 @@ async def die_after_claim(env) -> None:
         mailbox="box",
         folder=env.folder,
         lease_s=env.settings.intake.lease_s,
-        now=env.clock(),
+        clock=env.clock,
     )
     assert isinstance(claim, cursors.Claim)
     env.clock.advance(env.settings.intake.lease_s + 1)
