@@ -16,8 +16,8 @@ from mailroom.adapters.nats import (
     NatsPublishFailed,
     NatsUnavailable,
     OutgoingMessage,
-    _translate_errors,
 )
+from mailroom.adapters.nats.translate import translate_errors
 from mailroom.recognition.contracts import RecognitionResult
 from mailroom.recognition.finality import short_repr
 from mailroom.recognition.inbox_messages import InvalidMessage, parse_response
@@ -57,7 +57,7 @@ async def test_client_that_never_connected_reports_unavailable():
     ],
 )
 def test_vendor_errors_are_translated_with_their_cause(error, expected):
-    with pytest.raises(expected) as caught, _translate_errors("publish"):
+    with pytest.raises(expected) as caught, translate_errors("publish"):
         raise error
     assert caught.value.__cause__ is error
 

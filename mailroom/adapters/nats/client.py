@@ -1,0 +1,195 @@
+"""The NATS connection: connect with a few quick attempts, then reconnect forever.
+
+``NatsClient`` is the one object the outbox and the bridge hold: it publishes
+through ``publisher`` and subscribes through ``subscriptions`` on its connection,
+and ensures the JetStream stream over request and result subjects.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client as NatsConnection
+from nats.js import JetStreamContext
+from nats.js.api import StorageType, StreamConfig
+
+from mailroom.adapters.nats.publisher import (
+    OutgoingMessage,
+    PublishAck,
+    PublishResult,
+    publish_core,
+    publish_jetstream,
+)
+from mailroom.adapters.nats.subscriptions import (
+    ResultSubscription,
+    subscribe_core,
+    subscribe_pull,
+)
+from mailroom.adapters.nats.translate import NatsConfigError, NatsUnavailable, translate_errors
+from mailroom.settings import NatsSettings
+
+logger = logging.getLogger(__name__)
+
+#: JetStream API error code for "stream name already in use" (with another config).
+STREAM_NAME_IN_USE = 10058
+
+
+class NatsClient:
+    """One NATS connection with reconnects; JetStream when ``settings.jetstream``."""
+
+    def __init__(self, settings: NatsSettings, *, name: str = "mailroom") -> None:
+        self.settings = settings
+        self.name = name
+        self._nc: NatsConnection | None = None
+        self._js: JetStreamContext | None = None
+        self._closing = False
+        #: The last error logged: the client retries every reconnect_wait_s and says so once.
+        self._last_error: str | None = None
+
+    @property
+    def jetstream(self) -> bool:
+        return self.settings.jetstream
+
+    @property
+    def stream_subjects(self) -> list[str]:
+        s = self.settings
+        return [
+            s.subject(s.tabular_subject),
+            s.subject(s.image_subject),
+            s.subject(s.results_subject),
+        ]
+
+    @property
+    def is_connected(self) -> bool:
+        return self._nc is not None and self._nc.is_connected
+
+    async def connect(self) -> None:
+        """Connect (a few quick attempts), then reconnect forever; ensure the stream."""
+        if self._nc is not None:
+            return
+        self._closing = False
+        nc = NatsConnection()
+        try:
+            await nc.connect(
+                servers=[self.settings.url],
+                name=self.name,
+                connect_timeout=self.settings.connect_timeout_s,  # type: ignore[arg-type]
+                # A silently dead server (no RST) is noticed after the unanswered PINGs,
+                # not after nats-py's default of minutes; then the client reconnects.
+                ping_interval=self.settings.ping_interval_s,  # type: ignore[arg-type]
+                max_outstanding_pings=self.settings.max_outstanding_pings,
+                reconnect_time_wait=self.settings.reconnect_wait_s,  # type: ignore[arg-type]
+                max_reconnect_attempts=max(1, self.settings.initial_connect_attempts - 1),
+                error_cb=self._on_error,
+                disconnected_cb=self._on_disconnected,
+                reconnected_cb=self._on_reconnected,
+            )
+        except (TimeoutError, nats.errors.Error, OSError) as exc:
+            self._closing = True
+            await nc.close()
+            raise NatsUnavailable(f"connect {self.settings.url}: {type(exc).__name__}") from exc
+        # NOTE: once connected, a lost server is retried without end: the process stays useful.
+        nc.options["max_reconnect_attempts"] = -1
+        self._nc = nc
+        if self.jetstream:
+            self._js = nc.jetstream(timeout=self.settings.publish_timeout_s)
+            try:
+                await self.ensure_stream()
+            except BaseException:
+                await self.close()
+                raise
+
+    async def close(self) -> None:
+        self._closing = True
+        nc, self._nc, self._js = self._nc, None, None
+        if nc is not None and not nc.is_closed:
+            with translate_errors("close"):
+                await nc.close()
+
+    async def drain(self) -> None:
+        """Stop subscriptions after their pending messages, flush, then close."""
+        self._closing = True
+        nc, self._nc, self._js = self._nc, None, None
+        if nc is not None and not nc.is_closed:
+            try:
+                await nc.drain()
+            except (TimeoutError, nats.errors.Error, OSError) as exc:
+                logger.warning("NATS drain failed, closing: %s", type(exc).__name__)
+                await nc.close()
+
+    async def ensure_stream(self) -> None:
+        """Create (or align) the stream over request and result subjects."""
+        js = self._require_js()
+        config = StreamConfig(
+            name=self.settings.stream_name,
+            subjects=self.stream_subjects,
+            duplicate_window=float(self.settings.duplicate_window_s),
+            max_age=self.settings.stream_max_age_s,
+            storage=StorageType.FILE,
+        )
+        with translate_errors(f"stream {self.settings.stream_name}"):
+            try:
+                await js.add_stream(config)
+            except nats.js.errors.BadRequestError as exc:
+                if exc.err_code != STREAM_NAME_IN_USE:
+                    raise
+                await js.update_stream(config)
+
+    async def publish(self, message: OutgoingMessage) -> PublishAck:
+        """Publish one message and confirm it (flush or JetStream ack)."""
+        result = (await self.publish_batch([message]))[0]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    async def publish_batch(self, messages: Sequence[OutgoingMessage]) -> list[PublishResult]:
+        if not messages:
+            return []
+        if self.jetstream:
+            return await publish_jetstream(
+                self._require_js(),
+                messages,
+                stream=self.settings.stream_name,
+                timeout_s=self.settings.publish_timeout_s,
+            )
+        return await publish_core(
+            self._require_nc(), messages, timeout_s=self.settings.publish_timeout_s
+        )
+
+    async def subscribe_results(self) -> ResultSubscription:
+        """Results subject: a durable pull consumer (JetStream) or a core queue group."""
+        if self.jetstream:
+            return await subscribe_pull(self._require_js(), self.settings)
+        return await subscribe_core(self._require_nc(), self.settings)
+
+    def _require_nc(self) -> NatsConnection:
+        if self._nc is None or not self._nc.is_connected:
+            raise NatsUnavailable("not connected to NATS")
+        return self._nc
+
+    def _require_js(self) -> JetStreamContext:
+        self._require_nc()
+        if self._js is None:
+            raise NatsConfigError("JetStream is disabled (nats.jetstream)")
+        return self._js
+
+    async def _on_error(self, exc: Exception) -> None:
+        if self._closing:
+            return
+        error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        if error != self._last_error:
+            # NOTE: not the URL: it may carry a password; the error names host and port.
+            logger.warning("NATS error (%s): %s", self.name, error)
+            self._last_error = error
+
+    async def _on_disconnected(self) -> None:
+        if self._closing:
+            return
+        logger.warning("NATS disconnected (%s); reconnecting", self.name)
+
+    async def _on_reconnected(self) -> None:
+        self._last_error = None
+        logger.info("NATS reconnected (%s)", self.name)

@@ -1,0 +1,49 @@
+"""nats-py errors stop here: the client, the publisher and the subscriptions translate them.
+
+Each vendor error leaves as a ``mailroom.errors`` type with the cause kept
+(``raise … from exc``), as the adapters of the other external systems do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import nats.errors
+import nats.js.errors
+
+from mailroom.errors import PermanentError, RetryableError
+
+
+class NatsUnavailable(RetryableError):
+    """The NATS server could not be reached or the connection is down."""
+
+
+class NatsPublishFailed(RetryableError):
+    """A publish was not confirmed (flush or JetStream ack failed or timed out)."""
+
+
+class NatsConfigError(PermanentError):
+    """NATS refused our stream or consumer configuration."""
+
+
+@contextlib.contextmanager
+def translate_errors(what: str) -> Iterator[None]:
+    """Turn nats-py errors raised inside the block into ours; ``what`` starts the message."""
+    try:
+        yield
+    except TimeoutError as exc:  # before OSError: TimeoutError is one of its children
+        raise NatsPublishFailed(f"{what}: timed out") from exc
+    except (
+        nats.errors.ConnectionClosedError,
+        nats.errors.NoServersError,
+        nats.errors.StaleConnectionError,
+        nats.errors.ConnectionReconnectingError,
+        nats.errors.ConnectionDrainingError,
+        OSError,
+    ) as exc:
+        raise NatsUnavailable(f"{what}: {type(exc).__name__}: {exc}") from exc
+    except nats.js.errors.BadRequestError as exc:
+        raise NatsConfigError(f"{what}: {exc}") from exc
+    except nats.errors.Error as exc:
+        raise NatsPublishFailed(f"{what}: {type(exc).__name__}: {exc}") from exc

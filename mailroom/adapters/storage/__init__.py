@@ -1,0 +1,48 @@
+"""Object storage: a filesystem store (default, dev) and S3 through boto3.
+
+Keys are content-addressed (``content_key``), so a put of the same bytes is
+idempotent and a re-ingested mail never duplicates its objects. ``store`` holds
+the port and what both stores share; ``filesystem`` and ``s3`` the stores.
+"""
+
+from __future__ import annotations
+
+from mailroom.adapters.storage.filesystem import FilesystemStore
+from mailroom.adapters.storage.s3 import S3Store
+from mailroom.adapters.storage.store import (
+    BucketRole,
+    InvalidKey,
+    ObjectNotFound,
+    ObjectStore,
+    PutOutcome,
+    PutRequest,
+    StorageUnavailable,
+    StoredRef,
+    content_key,
+    put_concurrently,
+    sha256_hex,
+)
+from mailroom.settings import Settings
+
+__all__ = [
+    "BucketRole",
+    "FilesystemStore",
+    "InvalidKey",
+    "ObjectNotFound",
+    "ObjectStore",
+    "PutOutcome",
+    "PutRequest",
+    "S3Store",
+    "StorageUnavailable",
+    "StoredRef",
+    "build_store",
+    "content_key",
+    "put_concurrently",
+    "sha256_hex",
+]
+
+
+def build_store(settings: Settings) -> ObjectStore:
+    if settings.storage.kind == "s3":
+        return S3Store(settings.storage)
+    return FilesystemStore(settings.storage, settings.storage_root.resolve())

@@ -1,0 +1,131 @@
+"""S3 (or MinIO, or moto's server) as the object store, through boto3.
+
+boto3 is blocking, so every S3 call runs in a thread; botocore errors leave as
+``mailroom.errors`` types.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+from mailroom.adapters.storage.store import (
+    BucketRole,
+    Buckets,
+    ObjectNotFound,
+    PutOutcome,
+    PutRequest,
+    StorageUnavailable,
+    StoredRef,
+    check_key,
+    put_concurrently,
+    sha256_hex,
+)
+from mailroom.errors import PermanentError
+from mailroom.settings import StorageSettings
+
+
+class S3Store(Buckets):
+    """S3 (or MinIO, or moto's server) through boto3, buckets created on first use."""
+
+    def __init__(self, settings: StorageSettings) -> None:
+        super().__init__(settings)
+        import boto3
+        from botocore.config import Config
+
+        self._client: Any = boto3.client(
+            "s3",
+            endpoint_url=settings.s3_endpoint_url,
+            region_name=settings.s3_region,
+            aws_access_key_id=settings.s3_access_key.get_secret_value() or None,
+            aws_secret_access_key=settings.s3_secret_key.get_secret_value() or None,
+            config=Config(
+                retries={"max_attempts": settings.s3_retries},
+                connect_timeout=settings.s3_connect_timeout_s,
+                read_timeout=settings.s3_read_timeout_s,
+            ),
+        )
+        self._ready: set[str] = set()
+
+    def _translate(self, exc: Exception, what: str) -> Exception:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        if isinstance(exc, ClientError):
+            code = exc.response.get("Error", {}).get("Code", "")
+            if code in ("NoSuchKey", "404", "NotFound", "NoSuchBucket"):
+                return ObjectNotFound(what)
+            if code.startswith("5") or code in ("SlowDown", "RequestTimeout", "ServiceUnavailable"):
+                return StorageUnavailable(f"{what}: {code}")
+            return PermanentError(f"{what}: {code}")
+        if isinstance(exc, BotoCoreError):
+            return StorageUnavailable(f"{what}: {exc}")
+        return exc
+
+    def _ensure_bucket(self, bucket: str) -> None:
+        if bucket in self._ready:
+            return
+        from botocore.exceptions import ClientError
+
+        try:
+            self._client.head_bucket(Bucket=bucket)
+        except ClientError:
+            try:
+                self._client.create_bucket(Bucket=bucket)
+            except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") not in (
+                    "BucketAlreadyOwnedByYou",
+                    "BucketAlreadyExists",
+                ):
+                    raise
+        self._ready.add(bucket)
+
+    def _put(self, bucket: str, key: str, data: bytes, media_type: str) -> None:
+        self._ensure_bucket(bucket)
+        self._client.put_object(Bucket=bucket, Key=key, Body=data, ContentType=media_type)
+
+    async def put(self, role: BucketRole, key: str, data: bytes, *, media_type: str) -> StoredRef:
+        bucket = self.bucket(role)
+        check_key(key)
+        try:
+            await asyncio.to_thread(self._put, bucket, key, data, media_type)
+        except Exception as exc:
+            raise self._translate(exc, f"put {bucket}/{key}") from exc
+        return StoredRef(bucket, key, len(data), sha256_hex(data), media_type)
+
+    async def put_many(self, requests: Sequence[PutRequest]) -> list[PutOutcome]:
+        return await put_concurrently(self, requests)
+
+    def _get(self, bucket: str, key: str) -> bytes:
+        response = self._client.get_object(Bucket=bucket, Key=key)
+        body = response["Body"]
+        try:
+            return bytes(body.read())
+        finally:
+            body.close()
+
+    async def get(self, bucket: str, key: str) -> bytes:
+        try:
+            return await asyncio.to_thread(self._get, bucket, key)
+        except Exception as exc:
+            raise self._translate(exc, f"get {bucket}/{key}") from exc
+
+    async def size(self, bucket: str, key: str) -> int:
+        try:
+            head = await asyncio.to_thread(self._client.head_object, Bucket=bucket, Key=key)
+        except Exception as exc:
+            raise self._translate(exc, f"head {bucket}/{key}") from exc
+        return int(head["ContentLength"])
+
+    async def exists(self, bucket: str, key: str) -> bool:
+        try:
+            await asyncio.to_thread(self._client.head_object, Bucket=bucket, Key=key)
+        except Exception as exc:
+            translated = self._translate(exc, f"head {bucket}/{key}")
+            if isinstance(translated, ObjectNotFound):
+                return False
+            raise translated from exc
+        return True
+
+    def close(self) -> None:
+        self._client.close()

@@ -1,0 +1,117 @@
+"""The object store port: bucket roles, stored references, content-addressed keys.
+
+Keys are content-addressed (``content_key``), so a put of the same bytes is
+idempotent and a re-ingested mail never duplicates its objects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from mailroom.errors import PermanentError, RetryableError
+from mailroom.settings import StorageSettings
+
+BucketRole = Literal["mail", "incoming", "results"]
+
+
+class ObjectNotFound(PermanentError):
+    """The object does not exist in the store."""
+
+
+class StorageUnavailable(RetryableError):
+    """The object store could not be reached."""
+
+
+class InvalidKey(PermanentError):
+    """The object key is not a safe relative path."""
+
+
+@dataclass(frozen=True)
+class StoredRef:
+    bucket: str
+    key: str
+    size: int
+    sha256: str
+    media_type: str
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def content_key(data: bytes, *, prefix: str, suffix: str = "") -> str:
+    """``prefix/ab/abcdef…suffix``: the same bytes always land on the same key."""
+    digest = sha256_hex(data)
+    return f"{prefix.strip('/')}/{digest[:2]}/{digest}{suffix}"
+
+
+def check_key(key: str) -> str:
+    # POSIX rules: absolute means a leading slash, which also gives an empty first part.
+    if not key or any(part in ("", ".", "..") for part in key.split("/")):
+        raise InvalidKey(f"unsafe object key {key[:100]!r}")
+    return key
+
+
+@dataclass(frozen=True)
+class PutRequest:
+    """One object for ``ObjectStore.put_many``."""
+
+    role: BucketRole
+    key: str
+    data: bytes
+    media_type: str
+
+
+#: What ``put_many`` gives for each request: where it was stored, or why it was not.
+PutOutcome = StoredRef | Exception
+
+
+class ObjectStore(Protocol):
+    def bucket(self, role: BucketRole) -> str: ...
+
+    async def put(
+        self, role: BucketRole, key: str, data: bytes, *, media_type: str
+    ) -> StoredRef: ...
+
+    async def put_many(self, requests: Sequence[PutRequest]) -> list[PutOutcome]:
+        """Store several objects; one failing never stops the others (outcomes in order)."""
+        ...
+
+    async def get(self, bucket: str, key: str) -> bytes: ...
+
+    async def size(self, bucket: str, key: str) -> int:
+        """The object's size in bytes, without reading it (``ObjectNotFound`` if absent)."""
+        ...
+
+    async def exists(self, bucket: str, key: str) -> bool: ...
+
+
+class Buckets:
+    def __init__(self, settings: StorageSettings) -> None:
+        self._buckets: dict[str, str] = {
+            "mail": settings.mail_bucket,
+            "incoming": settings.incoming_bucket,
+            "results": settings.results_bucket,
+        }
+
+    def bucket(self, role: BucketRole) -> str:
+        return self._buckets[role]
+
+
+async def put_concurrently(store: ObjectStore, requests: Sequence[PutRequest]) -> list[PutOutcome]:
+    """``put_many`` from ``put``: every put at once, each outcome kept, cancellation propagated."""
+    results = await asyncio.gather(
+        *(store.put(r.role, r.key, r.data, media_type=r.media_type) for r in requests),
+        return_exceptions=True,
+    )
+    outcomes: list[PutOutcome] = []
+    for result in results:
+        if isinstance(result, Exception | StoredRef):
+            outcomes.append(result)
+        else:  # CancelledError and other BaseExceptions are not an object's outcome
+            raise result
+    return outcomes
