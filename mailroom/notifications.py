@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -23,6 +23,7 @@ from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from mailroom.clock import db_now
 from mailroom.db import transaction
 from mailroom.delivery.producer import create_message, enqueue_messages
 from mailroom.models import ChannelMessage, Document, InboundMail, MailboxCursor, StoredFile
@@ -251,10 +252,10 @@ async def notify_final_mails(
     """
     limit = limit or settings.notification_batch_size
     async with transaction(sessions) as session:
-        await finalize_settled_mails(session, now=datetime.now(UTC), limit=limit)
+        await finalize_settled_mails(session, now=await db_now(session), limit=limit)
     async with transaction(sessions) as session:
         batch = await create_notifications(
-            session, routes=settings.routes, now=datetime.now(UTC), limit=limit
+            session, routes=settings.routes, now=await db_now(session), limit=limit
         )
     await enqueue_messages(batch.message_ids, redis=redis, sessions=sessions, settings=settings)
     return batch.message_ids, batch.mails >= limit

@@ -27,6 +27,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from mailroom.adapters.nats import OutgoingMessage, PublishAck, RequestPublisher
+from mailroom.clock import db_now
 from mailroom.recognition.contracts import RecognitionRequest, dump, request_msg_id
 from mailroom.recognition.finality import (
     MAX_REASON_CHARS,
@@ -34,7 +35,6 @@ from mailroom.recognition.finality import (
     finalize_mails,
     object_metrics_sql,
     republish_count_sql,
-    utcnow,
 )
 from mailroom.recognition.revive import DLQ_STATUS, NO_ACK
 from mailroom.settings import NatsSettings, RecognitionSettings
@@ -156,10 +156,9 @@ async def publish_recognition_requests(
         logger.warning("Outbox pass skipped: no NATS connection")
         outcome.skipped = True
         return outcome
-    now = now or utcnow()
-    first_deadline = now + timedelta(seconds=recognition.reply_deadline_s)
-
     async with sessions() as session, session.begin():
+        now = now or await db_now(session)
+        first_deadline = now + timedelta(seconds=recognition.reply_deadline_s)
         rows = (
             await session.execute(
                 _CLAIM,

@@ -20,9 +20,10 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from mailroom.clock import db_now
 from mailroom.errors import PermanentError
 from mailroom.recognition.contracts import request_msg_id
-from mailroom.recognition.finality import MAX_REASON_CHARS, utcnow
+from mailroom.recognition.finality import MAX_REASON_CHARS
 
 logger = logging.getLogger(__name__)
 
@@ -127,7 +128,12 @@ async def replay_job(
     if not row.is_current:
         raise ReplayRefused(f"recognition job {job_id} is not its file's current attempt")
     return await _replay(
-        session, row, actor_type=actor_type, actor_id=actor_id, reason=reason, now=now or utcnow()
+        session,
+        row,
+        actor_type=actor_type,
+        actor_id=actor_id,
+        reason=reason,
+        now=now or await db_now(session),
     )
 
 
@@ -144,7 +150,7 @@ async def replay_jobs_by_status(
     """Replay up to ``limit`` current jobs in ``status`` (oldest first), in the caller's transaction."""
     if status not in REPLAYABLE:
         raise ReplayRefused(f"status {status!r} cannot be replayed; choose one of {REPLAYABLE}")
-    now = now or utcnow()
+    now = now or await db_now(session)
     rows = (await session.execute(_LOCK_BY_STATUS, {"status": status, "limit": limit})).all()
     return [
         await _replay(

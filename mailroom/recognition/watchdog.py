@@ -24,7 +24,8 @@ from datetime import datetime
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from mailroom.recognition.finality import finalize_mails, utcnow
+from mailroom.clock import db_now
+from mailroom.recognition.finality import finalize_mails
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +77,6 @@ async def expire_recognition_deadlines(
     batch_size: int = DEFAULT_BATCH_SIZE,
 ) -> WatchdogPass:
     """Time out every job past its reply deadline, ``batch_size`` per transaction."""
-    now = now or utcnow()
     outcome = WatchdogPass()
     while True:
         batch = await _expire_batch(sessions, now=now, limit=batch_size)
@@ -89,10 +89,11 @@ async def expire_recognition_deadlines(
 
 
 async def _expire_batch(
-    sessions: async_sessionmaker[AsyncSession], *, now: datetime, limit: int
+    sessions: async_sessionmaker[AsyncSession], *, now: datetime | None, limit: int
 ) -> WatchdogPass:
     outcome = WatchdogPass()
     async with sessions() as session, session.begin():
+        now = now or await db_now(session)
         params = {"now": now, "reason": TIMEOUT_REASON, "limit": limit}
         rows = (await session.execute(_EXPIRE, params)).all()
         outcome.timed_out = [row.id for row in rows]
