@@ -5,9 +5,10 @@ instead (``os._exit``, the OOM killer, a segfault in a C library) leaves its
 message to be redelivered with the count unchanged, so a result that kills its
 worker would loop forever. The inbox and mapping therefore count an attempt in
 the job's ``metrics`` and commit it before they start, and give it back when
-the attempt ends with an exception: those are bounded by the actor's retry
-policy, and an outage must not use up a job's attempts. What stays counted is
-an attempt that never came back; past the maximum the job fails with a reason.
+the attempt ends, however it ends: applied, settled as exhausted, or raised
+(those are bounded by the actor's retry policy, and an outage must not use up a
+job's attempts). What stays counted is the attempts that never came back, so a
+job no worker died on has no key; past the maximum the job fails with a reason.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ async def count_attempts(
 async def give_back(
     sessions: async_sessionmaker[AsyncSession], job_ids: Collection[uuid.UUID], key: str
 ) -> None:
-    """Uncount an attempt that ended in an exception; best effort, the first error wins."""
+    """Uncount attempts that came back; best effort, an error of the attempt wins."""
     if not job_ids:
         return
     try:

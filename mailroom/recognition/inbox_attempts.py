@@ -5,8 +5,9 @@ and gives them back when it ends. A batch that finds a count left over, i.e. an
 earlier attempt at one of its jobs died, is applied one message at a time, each
 counted on its own job: the message that kills the worker then charges only its
 own job, which after ``max_processing_attempts`` fails with
-``INBOX_ATTEMPTS_EXHAUSTED`` (file ERROR; the notification sweep finds its final
-mail) while the other messages of the batch are applied.
+``INBOX_ATTEMPTS_EXHAUSTED`` (file ERROR, its mail finalized and named in the
+outcome for notification, as mapping does) while the other messages of the batch
+are applied. Every attempt that comes back is uncounted, however it ended.
 """
 
 from __future__ import annotations
@@ -75,8 +76,8 @@ async def apply_counted(
     tries = counts.get(job_id, 0)
     try:
         if tries > max_attempts:
-            await fail_exhausted(sessions, job_id, tries, now)
-            return [InboxOutcome("attempts_exhausted", job_id)]
+            finalized = await fail_exhausted(sessions, job_id, tries, now)
+            return [InboxOutcome("attempts_exhausted", job_id, finalized_mail_ids=tuple(finalized))]
         return await apply_one(message)
     finally:
         await attempts.give_back(sessions, counts, attempts.INBOX_ATTEMPTS)

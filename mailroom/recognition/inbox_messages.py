@@ -57,6 +57,8 @@ class InboxOutcome:
     map_job_id: uuid.UUID | None = None
     #: Why a ``failed`` message failed.
     error: Exception | None = None
+    #: Mails this message made final (``attempts_exhausted``): create their notifications.
+    finalized_mail_ids: tuple[int, ...] = ()
 
 
 class InvalidMessage(ValueError):

@@ -8,7 +8,8 @@ missing a required field or below the confidence threshold) is replayed as a
 new attempt until ``automatic_attempts`` are spent; then the file settles as
 ERROR or NEEDS_CHECK. Each try is counted on the job before the result is read
 (``attempts.py``): a result whose mapping kills the worker settles its file as
-ERROR (``MAPPING_ATTEMPTS_EXHAUSTED``) after ``max_processing_attempts``.
+ERROR (``MAPPING_ATTEMPTS_EXHAUSTED``) after ``max_processing_attempts``; an attempt
+that comes back, however it ended, is uncounted again.
 When the last file of a mail settles, the mail is final
 and the outcome says so (``finalized_mail_id``): the hook for notifications.
 """
@@ -245,21 +246,21 @@ async def map_recognition_result(
         return MappingOutcome(job_id, "not_a_result")
 
     tries = (await attempts.count_attempts(sessions, [job_id], attempts.MAPPING_ATTEMPTS))[job_id]
-    if tries > settings.max_processing_attempts:
-        # Not replayed: a new attempt would likely bring the same result that killed its workers.
-        exhausted = Unusable(
-            MAPPING_ATTEMPTS_EXHAUSTED, f"mapping did not finish in {tries - 1} attempts"
-        )
-        logger.error("Result of job %s: %s", job_id, exhausted.message)
-        verdict = Verdict(
-            "ERROR", reason=f"{exhausted.code}: {exhausted.message}", invalid_result=exhausted
-        )
-        return await _write(sessions, job_id, verdict, retry=False, now=now or utcnow())
     try:
+        if tries > settings.max_processing_attempts:
+            # Not replayed: a new attempt would likely bring the result that killed its workers.
+            exhausted = Unusable(
+                MAPPING_ATTEMPTS_EXHAUSTED, f"mapping did not finish in {tries - 1} attempts"
+            )
+            logger.error("Result of job %s: %s", job_id, exhausted.message)
+            verdict = Verdict(
+                "ERROR", reason=f"{exhausted.code}: {exhausted.message}", invalid_result=exhausted
+            )
+            return await _write(sessions, job_id, verdict, retry=False, now=now or utcnow())
         return await _map(sessions, store, job, job_id, settings=settings, now=now)
-    except BaseException:
+    finally:
+        # However it ended, this attempt came back: only attempts that died stay counted.
         await attempts.give_back(sessions, [job_id], attempts.MAPPING_ATTEMPTS)
-        raise
 
 
 async def _map(

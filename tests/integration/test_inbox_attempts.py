@@ -65,6 +65,7 @@ async def test_a_job_whose_messages_keep_killing_the_worker_fails_and_its_batch_
     outcomes = await apply(db_sessions, error_result(poison), error_result(other))
 
     assert [o.applied for o in outcomes] == ["attempts_exhausted", "result_applied"]
+    assert outcomes[0].finalized_mail_ids == (poison.mail_id,), "notified at once, not by a sweep"
     job = await recognition_factory.job(poison.job_id)
     assert (job["status"], job["error_code"]) == ("error", "INBOX_ATTEMPTS_EXHAUSTED")
     assert job["result_msg_id"] is None, "the message that killed the workers is not applied"

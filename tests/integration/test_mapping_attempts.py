@@ -43,6 +43,8 @@ async def test_a_result_whose_mapping_keeps_killing_the_worker_settles_as_error(
     assert file["status_reason"].startswith("MAPPING_ATTEMPTS_EXHAUSTED:")
     assert outcome.finalized_mail_id == ref.mail_id
     assert await recognition_factory.rows("SELECT id FROM document") == []
+    deaths = recognition_settings.recognition.max_processing_attempts
+    assert job["metrics"]["mapping_attempts"] == deaths, "the settling attempt is not counted"
 
 
 async def test_attempts_below_the_maximum_still_map(
@@ -56,10 +58,18 @@ async def test_attempts_below_the_maximum_still_map(
 
     assert outcome.file_status == "RECOGNIZED"
     job = await recognition_factory.job(ref.job_id)
-    assert (
-        job["metrics"]["mapping_attempts"]
-        == recognition_settings.recognition.max_processing_attempts
-    )
+    # The attempt that came back is uncounted: what stays is the attempts that died.
+    deaths = recognition_settings.recognition.max_processing_attempts - 1
+    assert job["metrics"]["mapping_attempts"] == deaths
+
+
+async def test_a_mapping_nothing_died_on_leaves_no_count(flow, recognition_factory):
+    ref = await recognition_factory.create_job(status="processing")
+    await flow.answer(ref, result=invoice())
+
+    assert (await flow.map(ref.job_id)).file_status == "RECOGNIZED"
+
+    assert "mapping_attempts" not in (await recognition_factory.job(ref.job_id))["metrics"]
 
 
 class DownStore:
