@@ -238,12 +238,21 @@ class ImapMailbox:
         client = self._require()
         if not client.has_capability("IDLE"):
             return False  # the next scheduled poll looks again
+        # Mail that landed after the last UID SEARCH is announced once, and not again in IDLE:
+        # a NOOP asks for it (pymap tells only then or at DONE).
+        _, responses = client.noop()
+        if _announces_mail(responses):
+            return True
         try:
             client.idle()
             try:
-                responses = client.idle_check(timeout=timeout_s)
+                # Dovecot sends what arrived since the NOOP with its "+ idling", in one packet:
+                # imaplib has read it already, and idle_check, which polls the socket, would
+                # wait the whole timeout for it.
+                if not _buffered(client):
+                    responses = client.idle_check(timeout=timeout_s)
             finally:
-                client.idle_done()
+                _, done = client.idle_done()  # what came with DONE counts too
         except imaplib.IMAP4.abort as exc:
             # Mail that lands while IDLE starts or ends can come back as updates imaplib cannot
             # parse (seen with pymap): the connection is out of step. Open a fresh one on the
@@ -254,7 +263,7 @@ class ImapMailbox:
             )
             self._reconnect()
             return True
-        return any(isinstance(r, tuple) and b"EXISTS" in r for r in responses)
+        return _announces_mail([*responses, *done])
 
     async def idle(self, timeout_s: float) -> bool:
         return await self._call("IDLE", self._idle, timeout_s)
@@ -304,6 +313,24 @@ def _shutdown_quietly(client: IMAPClient) -> None:
         client.shutdown()
     except (OSError, imaplib.IMAP4.error) as exc:
         logger.debug("IMAP socket shutdown failed: %r", exc)
+
+
+def _announces_mail(responses: list[Any]) -> bool:
+    """Whether parsed untagged responses include an ``EXISTS`` (new mail, or a new count)."""
+    return any(isinstance(r, tuple) and b"EXISTS" in r for r in responses)
+
+
+def _buffered(client: IMAPClient) -> bool:
+    """Whether imaplib's reader holds bytes the server sent that nobody has read yet."""
+    sock = client.socket()
+    timeout = sock.gettimeout()
+    sock.setblocking(False)
+    try:
+        return bool(client._imap.file.peek(1))  # at most one read, which must not wait
+    except (BlockingIOError, ssl.SSLWantReadError):
+        return False
+    finally:
+        sock.settimeout(timeout)
 
 
 def _aware(value: object) -> datetime | None:

@@ -8,6 +8,7 @@ import ssl
 import uuid
 
 import pytest
+from imapclient import IMAPClient
 
 from mailroom.adapters.imap import (
     ImapMailbox,
@@ -85,6 +86,44 @@ async def test_idle_times_out_quietly_when_nothing_arrives(mail_server, mail_fol
         await box.select(mail_folder)
         assert await box.idle(0.2) is False
         assert await box.uids_above(0) == []
+    finally:
+        await box.close()
+
+
+@on_every_server
+async def test_idle_reports_at_once_mail_that_landed_after_the_search(mail_server, mail_folder):
+    box = ImapMailbox(mail_server.mailbox_settings("m", mail_folder))
+    await box.connect()
+    try:
+        await box.select(mail_folder)
+        assert await box.uids_above(0) == []
+        (uid,) = mail_server.append(mail_folder, make_mail(1))
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        assert await box.idle(5) is True
+        assert loop.time() - started < 2, "not after the whole wait"
+        assert await box.uids_above(0) == [uid]
+    finally:
+        await box.close()
+
+
+@on_every_server
+async def test_idle_reports_mail_that_landed_as_it_began(mail_server, mail_folder, monkeypatch):
+    # Dovecot announces such mail with its IDLE continuation, pymap only when the IDLE ends.
+    original_idle = IMAPClient.idle
+
+    def append_then_idle(self):
+        mail_server.append(mail_folder, make_mail(1))
+        return original_idle(self)
+
+    monkeypatch.setattr(IMAPClient, "idle", append_then_idle)
+    box = ImapMailbox(mail_server.mailbox_settings("m", mail_folder))
+    await box.connect()
+    try:
+        await box.select(mail_folder)
+        assert await box.uids_above(0) == []
+        assert await box.idle(1.0) is True
+        assert len(await box.uids_above(0)) == 1
     finally:
         await box.close()
 
