@@ -103,11 +103,18 @@ def filter_uids_above(uids: list[int], uid: int) -> list[int]:
     return sorted(u for u in set(uids) if u > uid)
 
 
+#: Login refusals that say nothing of the credentials (RFC 5530 response codes): the server
+#: is busy, or the user holds too many connections (Dovecot's mail_max_userip_connections).
+TEMPORARY_LOGIN_CODES = ("[UNAVAILABLE]", "[LIMIT]", "[INUSE]", "[SERVERBUG]")
+
+
 @contextmanager
 def _translate_errors(what: str) -> Iterator[None]:
     try:
         yield
     except LoginError as exc:
+        if any(code in str(exc) for code in TEMPORARY_LOGIN_CODES):
+            raise MailboxUnavailable(f"{what}: login refused for now: {_short(exc)}") from exc
         raise MailboxLoginRejected(f"{what}: {_short(exc)}") from exc
     except imaplib.IMAP4.abort as exc:
         raise MailboxUnavailable(f"{what}: {_short(exc)}") from exc

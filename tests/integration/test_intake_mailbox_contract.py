@@ -4,17 +4,22 @@ on Dovecot (skipped where Dovecot is not installed)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
 import uuid
 
 import pytest
 from imapclient import IMAPClient
+from imapclient.exceptions import LoginError
 
 from mailroom.adapters.imap import (
+    TEMPORARY_LOGIN_CODES,
     ImapMailbox,
     MailboxCommandFailed,
+    MailboxLoginRejected,
     MailboxUnavailable,
     MemoryServer,
+    _translate_errors,
 )
 from tests.fixtures.imap import SERVERS, make_mail, new_folder, on_every_server, server_named
 
@@ -232,3 +237,28 @@ async def test_implicit_tls_refuses_a_certificate_it_cannot_verify(imap_tls_serv
             await box.connect()
     finally:
         await box.close()
+
+
+@on_every_server
+async def test_a_login_refused_for_too_many_connections_is_retryable(mail_server, mail_folder):
+    # Dovecot refuses an 11th connection of one user from one address ([LIMIT]); pymap has
+    # no limit. Either way it is never taken for wrong credentials, which would stop intake.
+    boxes = [ImapMailbox(mail_server.mailbox_settings(f"m{i}", mail_folder)) for i in range(11)]
+    try:
+        for box in boxes[:-1]:
+            await box.connect()
+        with contextlib.suppress(MailboxUnavailable):
+            await boxes[-1].connect()
+            await boxes[-1].select(mail_folder)
+    finally:
+        await asyncio.gather(*(box.close() for box in boxes))
+
+
+@pytest.mark.parametrize("code", TEMPORARY_LOGIN_CODES)
+def test_login_refusals_with_a_temporary_response_code_are_retryable(code):
+    with pytest.raises(MailboxUnavailable, match="refused for now"):
+        with _translate_errors("connect m"):
+            raise LoginError(f"b'{code} Try again later'")
+    with pytest.raises(MailboxLoginRejected):
+        with _translate_errors("connect m"):
+            raise LoginError("b'[AUTHENTICATIONFAILED] Authentication failed.'")
