@@ -10,7 +10,7 @@ started again at once, and once, halfway between two of those kills, Redis is
 SIGKILLed and started again on the same port and data dir (AOF, so it comes back
 with its data). A process that exits on its own is restarted as a supervisor
 would, and counted. Then the flow stops and the system drains (at most
-``--drain-s``).
+``--drain-s``); the final count is taken 5 s after, so a late re-send is counted.
 
 **Lost** counts appended mails (each known by its UID from APPENDUID) that did not
 reach their effect or a stated terminal state. A mail is *not* lost when either
@@ -38,8 +38,8 @@ Outcomes that are stated but not the effect (files in ERROR, jobs in ``dlq`` or
 Usage: ``uv run python bench/soak.py [--quick] [--duration-s S] [--rate R]
 [--kill-every-s S] [--seed N] [--keep]``. ``--quick`` finishes in under two
 minutes (a 40 s flow, a kill every 8 s); the default flow lasts 5 minutes with a
-kill every 30 s. The state dir (logs of every process) is kept with ``--keep`` or
-when something was lost or duplicated. The last two lines are
+kill every 30 s. The state dir (logs of every process) is kept with ``--keep``, or
+when something was lost or duplicated or a process exited on its own. The last two lines are
 ``RESULT soak_lost value=… target=0`` and ``RESULT soak_duplicates value=… target=0``.
 """
 
@@ -55,6 +55,7 @@ import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +76,8 @@ FOLDER = "soak"
 TARGETS = ("worker", "bridge-nats", "bridge-stream", "scheduler", "recognizer")
 ROUTES = [{"channel": "log", "recipient": "ops"}, {"channel": "webhook", "recipient": "finance"}]
 WEBHOOK_ROUTE = 1
+#: How long the check waits after the drain before its final count.
+SETTLE_S = 5.0
 
 
 class Appender:
@@ -151,37 +154,16 @@ def check(system: System, uids: list[int]) -> Check:
     for uid in uids:
         if blocked_uid is not None and uid >= blocked_uid:
             result.blocked += 1
-            continue
-        if uid not in mails:
-            result.missing["no mail row"] += 1
-            continue
-        mail_id, status, notified, finalized = mails[uid]
-        if status != "final":
-            result.missing[f"mail {status}"] += 1
-        elif open_files[mail_id]:
-            result.missing["file not final"] += 1
-        elif not notified:
-            result.missing["final, not notified"] += 1
-        else:
-            state = int(finalized.timestamp() * 1000)  # as mailroom/notifications.py keys it
-            for number in range(len(ROUTES)):
-                message = messages.get(f"mail:{mail_id}:final:{state}:route:{number}")
-                if message is None:
-                    result.missing["no message for its final state"] += 1
-                elif message[2] not in FINAL_MESSAGE_STATUSES:
-                    result.missing[f"message {message[2]}"] += 1
-                elif message[2] == "delivered" and number == WEBHOOK_ROUTE:
-                    if not received.get(f"{message[0]}:1"):
-                        result.missing["webhook delivered, not received"] += 1
-                else:
-                    continue
-                break
+        elif (reason := _missing(mails.get(uid), open_files, messages, received)) is not None:
+            result.missing[reason] += 1
     result.duplicates["webhook posts"] = sum(n - 1 for n in received.values())
     duplicate_sql = {
         "mails per (cursor, uidvalidity, uid)": "inbound_mail GROUP BY cursor_id, uidvalidity, uid",
-        "mails per (cursor, Message-ID)": "inbound_mail GROUP BY cursor_id, message_id",
+        "mails per (cursor, Message-ID)": "inbound_mail WHERE message_id IS NOT NULL"
+        " GROUP BY cursor_id, message_id",
         "documents per job": "document GROUP BY job_id",
-        "notifications per dedupe key": "channel_message GROUP BY dedupe_key",
+        "notifications per dedupe key": "channel_message WHERE dedupe_key IS NOT NULL"
+        " GROUP BY dedupe_key",
     }
     for what, source in duplicate_sql.items():
         result.duplicates[what] = system.scalar(
@@ -196,6 +178,35 @@ def check(system: System, uids: list[int]) -> Check:
     }
     result.breakdown = {what: dict(sorted(system.query(sql))) for what, sql in breakdown.items()}
     return result
+
+
+def _missing(
+    mail: tuple[int, str, bool, datetime | None] | None,
+    open_files: Counter[int],
+    messages: dict[str, tuple[int, str, str]],
+    received: Counter[str],
+) -> str | None:
+    """What an appended mail still lacks to count as done, or None."""
+    if mail is None:
+        return "no mail row"
+    mail_id, status, notified, finalized = mail
+    if status != "final" or finalized is None:
+        return f"mail {status}"
+    if open_files[mail_id]:
+        return "file not final"
+    if not notified:
+        return "final, not notified"
+    state = int(finalized.timestamp() * 1000)  # as mailroom/notifications.py keys it
+    for number in range(len(ROUTES)):
+        message = messages.get(f"mail:{mail_id}:final:{state}:route:{number}")
+        if message is None:
+            return "no message for its final state"
+        message_id, _, status = message
+        if status not in FINAL_MESSAGE_STATUSES:
+            return f"message {status}"
+        if number == WEBHOOK_ROUTE and status == "delivered" and not received[f"{message_id}:1"]:
+            return "webhook delivered, not received"
+    return None
 
 
 @dataclass
@@ -276,7 +287,8 @@ def drain(system: System, uids: list[int], timeout_s: float) -> tuple[float, Che
         result = check(system, uids)
         waited = time.monotonic() - started
         if result.lost == 0 or waited > timeout_s:
-            return waited, result
+            time.sleep(SETTLE_S)  # a late re-send still counts
+            return waited, check(system, uids)
         if waited - shown >= 5:
             shown = waited
             left = ", ".join(f"{w} {n}" for w, n in result.missing.items())
@@ -373,7 +385,7 @@ def main() -> None:
     print(f"blocked at the cursor (stated terminal): {result.blocked}")
     print("lost: " + (", ".join(f"{w} {n}" for w, n in result.missing.items()) or "none"))
     print("duplicates: " + ", ".join(f"{w} {n}" for w, n in result.duplicates.items()))
-    if args.keep or result.lost or duplicates:
+    if args.keep or result.lost or duplicates or flow.crashes:
         print(f"state and logs kept in {base}")
     else:
         shutil.rmtree(base, ignore_errors=True)
