@@ -1,4 +1,5 @@
-"""Intake failures against pymap and Postgres: backoff, blocking, login, outages, logout."""
+"""Intake failures against pymap (and Dovecot, for what servers differ on) and Postgres: backoff,
+blocking, login, outages, logout, UIDVALIDITY."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from mailroom.adapters.storage import StorageUnavailable, put_concurrently
 from mailroom.devtools.stack import free_port
 from mailroom.intake.audit import CURSOR_BLOCKED, UIDVALIDITY_CHANGED, UNBLOCKED
 from mailroom.intake.operations import unblock_mailbox
-from tests.fixtures.imap import csv_mail, make_mail
+from tests.fixtures.imap import csv_mail, make_mail, on_every_server
 
 pytestmark = pytest.mark.integration
 
@@ -119,6 +120,7 @@ async def test_a_blocked_mailbox_never_stalls_another(intake_env, imap_server):
     assert [m.uid for m in stored] == [other_uid]
 
 
+@on_every_server
 async def test_refused_login_is_recorded_and_backed_off(intake_env):
     box = intake_env.settings.intake.mailboxes[0]
     box.password = SecretStr("wrong")
@@ -177,14 +179,15 @@ async def test_connection_reset_during_logout_does_not_replace_the_real_error(in
     assert sock.fileno() == -1, "the socket is closed even though LOGOUT failed"
 
 
-async def test_uidvalidity_change_restarts_from_zero_without_duplicates(intake_env, imap_server):
+@on_every_server
+async def test_uidvalidity_change_restarts_from_zero_without_duplicates(intake_env):
     first = [csv_mail(1), csv_mail(2)]
     intake_env.append(*first)
     await intake_env.poll()
     before = await intake_env.cursor()
 
-    imap_server.delete_folder(intake_env.folder)
-    imap_server.create_folder(intake_env.folder)
+    intake_env.server.delete_folder(intake_env.folder)
+    intake_env.server.create_folder(intake_env.folder)
     new_uids = intake_env.append(*first, csv_mail(3))
     outcome = await intake_env.poll()
 
