@@ -36,11 +36,14 @@ Outcomes that are stated but not the effect (files in ERROR, jobs in ``dlq`` or
 ``timeout``, messages ``uncertain`` or ``failed``) are printed as the breakdown.
 
 Usage: ``uv run python bench/soak.py [--quick] [--duration-s S] [--rate R]
-[--kill-every-s S] [--seed N] [--keep]``. ``--quick`` finishes in under two
-minutes (a 40 s flow, a kill every 8 s); the default flow lasts 5 minutes with a
-kill every 30 s. The state dir (logs of every process) is kept with ``--keep``, or
-when something was lost or duplicated or a process exited on its own. The last two lines are
-``RESULT soak_lost value=… target=0`` and ``RESULT soak_duplicates value=… target=0``.
+[--kill-every-s S] [--drain-s S] [--seed N] [--keep]``. ``--quick`` finishes in
+under two minutes on an idle machine (a 40 s flow, a kill every 8 s, at most 90 s
+to drain); the default flow lasts 5 minutes with a kill every 30 s. On a busy
+machine a killed process takes long to start again (importing the worker costs
+seconds of CPU), which the drain waits out. The state dir (logs of every process)
+is kept with ``--keep``, or when something was lost or duplicated or a process
+exited on its own. The last two lines are ``RESULT soak_lost value=… target=0``
+and ``RESULT soak_duplicates value=… target=0``.
 """
 
 from __future__ import annotations
@@ -309,7 +312,7 @@ def main() -> None:
     duration_s = args.duration_s or (40.0 if args.quick else 300.0)
     rate = args.rate or 2.0
     kill_every_s = args.kill_every_s or (8.0 if args.quick else 30.0)
-    drain_s = args.drain_s or (40.0 if args.quick else 180.0)
+    drain_s = args.drain_s or (90.0 if args.quick else 240.0)
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     rng = random.Random(seed)
 
