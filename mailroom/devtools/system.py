@@ -39,11 +39,22 @@ class System:
     logs: Path
     supervisor: Supervisor = field(default_factory=lambda: Supervisor(PROJECT_ROOT))
 
-    def start(self, name: str, *, label: str | None = None) -> Child:
-        """Start one process of ``process_specs`` (``label`` names a second copy)."""
-        args = dict(process_specs())[name]
+    def start(
+        self,
+        name: str,
+        *,
+        label: str | None = None,
+        env: dict[str, str] | None = None,
+        extra_args: list[str] | None = None,
+    ) -> Child:
+        """Start one process of ``process_specs`` (``label`` names a second copy).
+
+        ``env`` adds to (or overrides) the system's environment for this process only;
+        ``extra_args`` go after its command line (``--queues`` for a worker).
+        """
+        args = dict(process_specs())[name] + (extra_args or [])
         label = label or name
-        child = Child(label, args, self.env, self.logs / f"{label}.log")
+        child = Child(label, args, {**self.env, **(env or {})}, self.logs / f"{label}.log")
         self.supervisor.add(child)
         return child
 
