@@ -311,14 +311,15 @@ async def _apply_counted(
     max_attempts: int,
 ) -> list[InboxOutcome]:
     job_ids = {p.response.job_id for p in parsed}
-    counts = await attempts.count_attempts(sessions, job_ids, attempts.INBOX_ATTEMPTS)
+    counts = await attempts.count_attempts(sessions, job_ids, attempts.INBOX_BATCH_ATTEMPTS)
     if all(count == 1 for count in counts.values()):
         try:
             return await _apply_batch(sessions, parsed, now)
         finally:
-            await attempts.give_back(sessions, counts, attempts.INBOX_ATTEMPTS)
-    # An earlier attempt at one of these jobs never came back: charge each message alone.
-    await attempts.give_back(sessions, counts, attempts.INBOX_ATTEMPTS)
+            await attempts.give_back(sessions, counts, attempts.INBOX_BATCH_ATTEMPTS)
+    # An earlier batch holding one of these jobs never came back: charge each message alone, on
+    # its own job only (a batch's death says nothing about which of its messages killed it).
+    await attempts.give_back(sessions, counts, attempts.INBOX_BATCH_ATTEMPTS)
 
     async def apply_one(message: Parsed) -> list[InboxOutcome]:
         return (await _apply_in_one_transaction(sessions, [message], now)).outcomes

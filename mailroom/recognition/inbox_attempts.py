@@ -1,10 +1,11 @@
 """The inbox's bounded attempts: a message that kills its worker ends its job, not the inbox.
 
-A batch counts an attempt on each of its jobs before it is applied (``attempts.py``)
-and gives them back when it ends. A batch that finds a count left over, i.e. an
-earlier attempt at one of its jobs died, is applied one message at a time, each
-counted on its own job: the message that kills the worker then charges only its
-own job, which after ``max_processing_attempts`` fails with
+A batch counts an attempt on each of its jobs before it is applied (``attempts.py``,
+``inbox_batch_attempts``) and gives them back when it ends. A batch that finds a
+count left over, i.e. an earlier batch holding one of its jobs died, is applied
+one message at a time, each counted on its own job (``inbox_attempts``): the
+message that kills the worker then charges only its own job, which after
+``max_processing_attempts`` such deaths fails with
 ``INBOX_ATTEMPTS_EXHAUSTED`` (file ERROR, its mail finalized and named in the
 outcome for notification, as mapping does) while the other messages of the batch
 are applied. Every attempt that comes back is uncounted, however it ended.

@@ -36,10 +36,10 @@ async def apply(sessions, *messages):
     )
 
 
-async def died(sessions, job_ids, times):
+async def died(sessions, job_ids, times, key=attempts.INBOX_ATTEMPTS):
     """Attempts that counted themselves and never came back, as a killed worker leaves them."""
     for _ in range(times):
-        await attempts.count_attempts(sessions, job_ids, attempts.INBOX_ATTEMPTS)
+        await attempts.count_attempts(sessions, job_ids, key)
 
 
 async def test_applied_batches_leave_no_count(db_sessions, recognition_factory):
@@ -59,8 +59,8 @@ async def test_a_job_whose_messages_keep_killing_the_worker_fails_and_its_batch_
     poison = await recognition_factory.create_job(status="processing")
     other = await recognition_factory.create_job(status="processing")
     # The first death held the whole batch; later ones (one message at a time) only the poison.
-    await died(db_sessions, [poison.job_id, other.job_id], 1)
-    await died(db_sessions, [poison.job_id], MAX - 1)
+    await died(db_sessions, [poison.job_id, other.job_id], 1, attempts.INBOX_BATCH_ATTEMPTS)
+    await died(db_sessions, [poison.job_id], MAX)
 
     outcomes = await apply(db_sessions, error_result(poison), error_result(other))
 
@@ -84,8 +84,19 @@ async def test_a_job_whose_messages_keep_killing_the_worker_fails_and_its_batch_
     )
 
 
+async def test_batch_deaths_alone_never_fail_a_job(db_sessions, recognition_factory):
+    # Each death held a batch with this job in it (e.g. beside the real poison, or a copy of it).
+    ref = await recognition_factory.create_job(status="processing")
+    await died(db_sessions, [ref.job_id], MAX + 2, attempts.INBOX_BATCH_ATTEMPTS)
+
+    [outcome] = await apply(db_sessions, error_result(ref))
+
+    assert outcome.applied == "result_applied"
+
+
 async def test_fewer_deaths_than_the_maximum_still_apply(db_sessions, recognition_factory):
     ref = await recognition_factory.create_job(status="processing")
+    await died(db_sessions, [ref.job_id], 1, attempts.INBOX_BATCH_ATTEMPTS)
     await died(db_sessions, [ref.job_id], MAX - 1)
 
     [outcome] = await apply(db_sessions, error_result(ref))
