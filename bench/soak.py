@@ -22,7 +22,9 @@ reach their effect or a stated terminal state. A mail is *not* lost when either
   under the dedupe key of its current final state
   (``mail:{id}:final:{finalized_at ms}:route:{n}``), in a final status (delivered,
   partial_failed, failed, uncertain); and a ``delivered`` webhook message reached
-  the sink (its ``Idempotency-Key`` ``{message id}:1`` was received).
+  the sink (its ``Idempotency-Key`` ``{message id}:1`` was received); and its
+  file's current job is not ``dlq`` (NO_ACK) though the recognizer's log says it
+  published an answer for it (an answer must win over the outbox's guess).
 
 **Duplicates** is the sum of
 
@@ -79,6 +81,8 @@ FOLDER = "soak"
 TARGETS = ("worker", "bridge-nats", "bridge-stream", "scheduler", "recognizer")
 ROUTES = [{"channel": "log", "recipient": "ops"}, {"channel": "webhook", "recipient": "finance"}]
 WEBHOOK_ROUTE = 1
+#: The reference recognizer's log line for an answer it published (and flushed).
+ANSWERED = re.compile(r"recognizer: job ([0-9a-f-]{36}) attempt (\d+) answered")
 #: How long the check waits after the drain before its final count.
 SETTLE_S = 5.0
 
@@ -154,11 +158,23 @@ def check(system: System, uids: list[int]) -> Check:
         )
     }
     received = system.webhook.posts_per_key()
+    answered = _answered(system.logs / "recognizer.log")
+    dead_answered = {
+        mail_id
+        for mail_id, job_id, attempt in system.query(
+            "SELECT f.mail_id, j.id::text, j.attempt FROM stored_file AS f"
+            " JOIN recognition_job AS j ON j.id = f.current_recognition_job_id"
+            " WHERE j.status = 'dlq'"
+        )
+        if (job_id, attempt) in answered
+    }
     for uid in uids:
         if blocked_uid is not None and uid >= blocked_uid:
             result.blocked += 1
         elif (reason := _missing(mails.get(uid), open_files, messages, received)) is not None:
             result.missing[reason] += 1
+        elif mails[uid][0] in dead_answered:
+            result.missing["answered, yet dead-lettered"] += 1
     result.duplicates["webhook posts"] = sum(n - 1 for n in received.values())
     duplicate_sql = {
         "mails per (cursor, uidvalidity, uid)": "inbound_mail GROUP BY cursor_id, uidvalidity, uid",
@@ -181,6 +197,15 @@ def check(system: System, uids: list[int]) -> Check:
     }
     result.breakdown = {what: dict(sorted(system.query(sql))) for what, sql in breakdown.items()}
     return result
+
+
+def _answered(log: Path) -> set[tuple[str, int]]:
+    """(job id, attempt) of every answer the reference recognizer published, from its log."""
+    try:
+        text = log.read_text(errors="replace")
+    except FileNotFoundError:
+        return set()
+    return {(job, int(attempt)) for job, attempt in ANSWERED.findall(text)}
 
 
 def _missing(
