@@ -21,6 +21,7 @@ from mailroom.adapters.imap import (
     MemoryServer,
     _translate_errors,
 )
+from tests.fixtures.dovecot import DovecotServer
 from tests.fixtures.imap import SERVERS, make_mail, new_folder, on_every_server, server_named
 
 pytestmark = pytest.mark.integration
@@ -150,13 +151,23 @@ async def test_close_during_a_cancelled_idle_ends_the_thread_and_the_socket(
     assert sock.fileno() == -1
 
 
-async def test_starttls_with_the_servers_ca_connects(imap_tls_server):
-    cert_file, _ = imap_tls_server.tls
+@pytest.fixture
+def tls_server(request, mail_server):
+    """This run's server with STARTTLS and a self-signed certificate (``.tls``): Dovecot
+    offers it on its one port, pymap on a second server."""
+    if isinstance(mail_server, DovecotServer):
+        return mail_server
+    return request.getfixturevalue("imap_tls_server")
+
+
+@on_every_server
+async def test_starttls_with_the_servers_ca_connects(tls_server):
+    cert_file, _ = tls_server.tls
     folder = f"tls{uuid.uuid4().hex[:8]}"
-    imap_tls_server.create_folder(folder)
-    imap_tls_server.append(folder, make_mail(1))
+    tls_server.create_folder(folder)
+    tls_server.append(folder, make_mail(1))
     box = ImapMailbox(
-        imap_tls_server.mailbox_settings("m", folder, security="starttls", ca_file=cert_file)
+        tls_server.mailbox_settings("m", folder, security="starttls", ca_file=cert_file)
     )
     await box.connect()
     try:
@@ -167,8 +178,9 @@ async def test_starttls_with_the_servers_ca_connects(imap_tls_server):
         await box.close()
 
 
-async def test_starttls_refuses_a_certificate_it_cannot_verify(imap_tls_server):
-    box = ImapMailbox(imap_tls_server.mailbox_settings("m", "INBOX", security="starttls"))
+@on_every_server
+async def test_starttls_refuses_a_certificate_it_cannot_verify(tls_server):
+    box = ImapMailbox(tls_server.mailbox_settings("m", "INBOX", security="starttls"))
     try:
         with pytest.raises(MailboxUnavailable, match="SSLCertVerificationError"):
             await box.connect()
@@ -177,10 +189,14 @@ async def test_starttls_refuses_a_certificate_it_cannot_verify(imap_tls_server):
 
 
 @pytest.fixture
-async def imaps_port(imap_tls_server):
-    """Implicit TLS (IMAPS) in front of pymap, which offers only STARTTLS: a relay that
-    terminates TLS with the server's certificate and passes the bytes on in the clear."""
-    cert_file, key_file = imap_tls_server.tls
+async def imaps_port(tls_server):
+    """Implicit TLS (IMAPS): Dovecot's own port; in front of pymap, which offers only
+    STARTTLS, a relay that terminates TLS with the server's certificate and passes the bytes
+    on in the clear."""
+    if isinstance(tls_server, DovecotServer):
+        yield tls_server.imaps_port
+        return
+    cert_file, key_file = tls_server.tls
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(cert_file, key_file)
     pipes: set[asyncio.Task[None]] = set()
@@ -196,7 +212,7 @@ async def imaps_port(imap_tls_server):
             writer.close()
 
     async def relay(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
-        server_r, server_w = await asyncio.open_connection("127.0.0.1", imap_tls_server.port)
+        server_r, server_w = await asyncio.open_connection("127.0.0.1", tls_server.port)
         for task in (pipe(client_r, server_w), pipe(server_r, client_w)):
             pipes.add(asyncio.create_task(task))
 
@@ -210,12 +226,13 @@ async def imaps_port(imap_tls_server):
         await asyncio.gather(*pipes, return_exceptions=True)
 
 
-async def test_implicit_tls_with_the_servers_ca_reads_the_folder(imap_tls_server, imaps_port):
-    cert_file, _ = imap_tls_server.tls
+@on_every_server
+async def test_implicit_tls_with_the_servers_ca_reads_the_folder(tls_server, imaps_port):
+    cert_file, _ = tls_server.tls
     folder = f"ssl{uuid.uuid4().hex[:8]}"
-    imap_tls_server.create_folder(folder)
-    imap_tls_server.append(folder, make_mail(1), make_mail(2))
-    settings = imap_tls_server.mailbox_settings("m", folder, security="ssl", ca_file=cert_file)
+    tls_server.create_folder(folder)
+    tls_server.append(folder, make_mail(1), make_mail(2))
+    settings = tls_server.mailbox_settings("m", folder, security="ssl", ca_file=cert_file)
     box = ImapMailbox(settings.model_copy(update={"port": imaps_port}))
     await box.connect()
     try:
@@ -229,8 +246,9 @@ async def test_implicit_tls_with_the_servers_ca_reads_the_folder(imap_tls_server
         await box.close()
 
 
-async def test_implicit_tls_refuses_a_certificate_it_cannot_verify(imap_tls_server, imaps_port):
-    settings = imap_tls_server.mailbox_settings("m", "INBOX", security="ssl")
+@on_every_server
+async def test_implicit_tls_refuses_a_certificate_it_cannot_verify(tls_server, imaps_port):
+    settings = tls_server.mailbox_settings("m", "INBOX", security="ssl")
     box = ImapMailbox(settings.model_copy(update={"port": imaps_port}))
     try:
         with pytest.raises(MailboxUnavailable, match="SSLCertVerificationError"):
