@@ -13,18 +13,23 @@ would, and counted. Then the flow stops and the system drains (at most
 ``--drain-s``); the final count is taken 5 s after, so a late re-send is counted.
 
 **Lost** counts appended mails (each known by its UID from APPENDUID) that did not
-reach their effect or a stated terminal state. A mail is *not* lost when either
+reach their effect or a stated terminal state. A mail is *not* lost when the
+cursor is ``blocked`` at its UID or below (the cursor states the reason), or when
+all of these hold:
 
-* the cursor is ``blocked`` at its UID or below (the stated reason is the cursor's), or
-* all of: it has an ``inbound_mail`` row; the row is ``final``; every one of its
-  ``stored_file`` rows has a final status (RECOGNIZED, NEEDS_CHECK, ERROR, SKIPPED);
-  it is notified (``notified_at``); for each route there is a ``channel_message``
-  under the dedupe key of its current final state
-  (``mail:{id}:final:{finalized_at ms}:route:{n}``), in a final status (delivered,
-  partial_failed, failed, uncertain); and a ``delivered`` webhook message reached
-  the sink (its ``Idempotency-Key`` ``{message id}:1`` was received); and its
-  file's current job is not ``dlq`` (NO_ACK) though the recognizer's log says it
-  published an answer for it (an answer must win over the outbox's guess).
+1. it has an ``inbound_mail`` row, and the row is ``final``;
+2. every one of its ``stored_file`` rows has a final status (RECOGNIZED,
+   NEEDS_CHECK, ERROR, SKIPPED);
+3. it is notified (``notified_at``), and for each route there is a
+   ``channel_message`` under the dedupe key of its current final state
+   (``mail:{id}:final:{finalized_at ms}:route:{n}``) in a final status (delivered,
+   partial_failed, failed, uncertain);
+4. its ``delivered`` webhook message reached the sink (``Idempotency-Key``
+   ``{message id}:1`` was received);
+5. its file's current job is not ``dlq`` (NO_ACK) while the recognizer's log says
+   it published an answer for that job and attempt: an answer must win over the
+   outbox's guess. A ``dlq`` job the recognizer never answered (it was down for
+   longer than the no-ack window) is a stated terminal state.
 
 **Duplicates** is the sum of
 
