@@ -135,3 +135,14 @@ async def test_non_utf8_headers_do_not_crash_the_ingest(intake_env):
     assert mail.return_path == "bounce@example.com"
     assert mail.authentication_results == "mx.example.com; spf=pass"
     assert file.original_name.endswith(".csv") and job.pipeline == "tabular"
+
+
+async def test_nul_and_raw_eight_bit_bytes_are_stored(intake_env):
+    # Dovecot hands a NUL back as 0x80, pymap as it came: either way the mail is stored.
+    raw = (
+        b"From: a@example.com\r\nSubject: nul\x00here caf\xc3\xa9 \xff\r\n"
+        b"Message-ID: <bytes@x>\r\n\r\nbefore\x00after \xe4\xf6\xfc\r\n"
+    )
+    mail, files, _ = await _ingest_one(intake_env, raw)
+    assert (mail.status, mail.message_id, files) == ("stored", "<bytes@x>", [])
+    assert mail.subject.startswith("nul here caf")
