@@ -1,10 +1,58 @@
-"""Error hierarchy: retryable vs permanent.
+"""Every error of the product, in one tree: retryable vs permanent.
 
 Adapters translate vendor exceptions into these at the boundary and keep the
 cause (``raise X(...) from exc``); pipelines and actors only ever see these.
+
+    AppError
+    ├── RetryableError
+    │   ├── RateLimited
+    │   ├── ServiceUnavailable                   (Redis; the base of every *Unavailable)
+    │   │   ├── MailboxUnavailable               (IMAP)
+    │   │   ├── NatsUnavailable
+    │   │   ├── StorageUnavailable               (object store)
+    │   │   └── ChannelUnavailable               (delivery channel provider)
+    │   ├── MailboxCommandFailed
+    │   ├── NatsPublishFailed
+    │   ├── LeaseLost
+    │   └── MigrationLockTimeout
+    ├── PermanentError
+    │   ├── InvalidPayload
+    │   ├── MailboxLoginRejected
+    │   ├── NatsConfigError
+    │   ├── ObjectNotFound
+    │   ├── InvalidKey
+    │   ├── UnknownChannel
+    │   ├── UnknownAccount
+    │   ├── ChannelRejected
+    │   ├── UnknownMailbox
+    │   ├── CursorNotFound
+    │   ├── CursorBusy
+    │   └── ExtractionError
+    │       ├── UnreadableFile
+    │       ├── EmptyFile
+    │       └── UnsupportedType
+    ├── ClaimsExhausted
+    └── MailFailed
+
+    pydantic_settings.SettingsError              (what pydantic-settings' callers catch)
+    ├── UnknownSettingError
+    └── InvalidJsonSettingError
 """
 
 from __future__ import annotations
+
+from pydantic_settings import SettingsError
+from sqlalchemy.exc import StatementError
+
+#: Longest error text kept on a cursor or mail row, in characters.
+MAX_ERROR_CHARS = 2000
+
+
+def describe_error(exc: BaseException) -> str:
+    """``Type: message`` for cursor rows and logs, without SQL parameters (mail headers)."""
+    if isinstance(exc, StatementError) and exc.orig is not None:
+        exc = exc.orig  # the driver's message, not SQLAlchemy's echo of the statement
+    return f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
 
 
 class AppError(Exception):
@@ -22,6 +70,9 @@ class PermanentError(AppError):
     """Retrying cannot help (invalid payload, bad credentials, unknown mailbox)."""
 
 
+# --- Retryable ---------------------------------------------------------------------------
+
+
 class RateLimited(RetryableError):
     """The remote side asked us to slow down."""
 
@@ -35,12 +86,32 @@ class RateLimited(RetryableError):
         return max(0, int(self.retry_after_s * 1000))
 
 
-class InvalidPayload(PermanentError):
-    """The message payload does not match its contract."""
-
-
 class ServiceUnavailable(RetryableError):
     """An external service could not be reached."""
+
+
+class MailboxUnavailable(ServiceUnavailable):
+    """The IMAP server could not be reached, or the connection dropped or timed out."""
+
+
+class NatsUnavailable(ServiceUnavailable):
+    """The NATS server could not be reached or the connection is down."""
+
+
+class StorageUnavailable(ServiceUnavailable):
+    """The object store could not be reached."""
+
+
+class ChannelUnavailable(ServiceUnavailable):
+    """The channel's provider could not take the message now."""
+
+
+class MailboxCommandFailed(RetryableError):
+    """The IMAP server answered NO or BAD to a command."""
+
+
+class NatsPublishFailed(RetryableError):
+    """A publish was not confirmed (flush or JetStream ack failed or timed out)."""
 
 
 class LeaseLost(RetryableError):
@@ -49,3 +120,107 @@ class LeaseLost(RetryableError):
 
 class MigrationLockTimeout(RetryableError):
     """A migration waited too long for a lock and was rolled back; nothing was applied."""
+
+
+# --- Permanent ---------------------------------------------------------------------------
+
+
+class InvalidPayload(PermanentError):
+    """The message payload does not match its contract."""
+
+
+class MailboxLoginRejected(PermanentError):
+    """The IMAP server refused the login (wrong credentials or account disabled)."""
+
+
+class NatsConfigError(PermanentError):
+    """NATS refused our stream or consumer configuration."""
+
+
+class ObjectNotFound(PermanentError):
+    """The object does not exist in the store."""
+
+
+class InvalidKey(PermanentError):
+    """The object key is not a safe relative path."""
+
+
+class UnknownChannel(PermanentError):
+    """No channel plugin of that name is registered."""
+
+
+class UnknownAccount(PermanentError):
+    """The channel has no account of that name in the settings."""
+
+
+class ChannelRejected(PermanentError):
+    """The channel's provider refused the message."""
+
+
+class UnknownMailbox(PermanentError):
+    """No mailbox of that name is configured."""
+
+
+class CursorNotFound(PermanentError):
+    """No cursor matches that mailbox (and folder)."""
+
+
+class CursorBusy(PermanentError):
+    """A poll holds the cursor's lease right now; try again when it is done."""
+
+
+class ExtractionError(PermanentError):
+    """The file could not be read."""
+
+    #: The error code a recognition result carries.
+    code = "UNREADABLE"
+
+
+class UnreadableFile(ExtractionError):
+    """The file is not readable as its declared type."""
+
+    code = "UNREADABLE"
+
+
+class EmptyFile(ExtractionError):
+    """The file holds no data."""
+
+    code = "EMPTY"
+
+
+class UnsupportedType(ExtractionError):
+    """The file type is not supported by this service."""
+
+    code = "UNSUPPORTED_TYPE"
+
+
+# --- Neither: the caller decides ---------------------------------------------------------
+
+
+class ClaimsExhausted(AppError):
+    """Claims at one UID kept ending without a recorded outcome: their workers died."""
+
+
+class MailFailed(AppError):
+    """One mail could not be ingested; the batch stops at its UID."""
+
+    def __init__(self, uid: int, message_id: str | None, cause: BaseException) -> None:
+        super().__init__(f"UID {uid}: {describe_error(cause)[:300]}")
+        self.uid = uid
+        self.message_id = message_id
+        self.cause = cause
+        #: UIDVALIDITY of the folder the mail was read from; the batch fills it in.
+        self.uidvalidity: int | None = None
+        #: Workers died on this UID ``max_retries`` times: block at once, unread.
+        self.exhausted = False
+
+
+# --- Settings ----------------------------------------------------------------------------
+
+
+class UnknownSettingError(SettingsError):
+    """A ``MAILROOM_*`` variable that names no setting."""
+
+
+class InvalidJsonSettingError(SettingsError):
+    """A variable of a list, mapping or group setting whose value is not JSON."""

@@ -19,18 +19,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel
-from pydantic_settings import EnvSettingsSource, SettingsError
+from pydantic_settings import EnvSettingsSource
+
+from mailroom.errors import InvalidJsonSettingError, UnknownSettingError
 
 PREFIX = "MAILROOM_"
 DELIMITER = "__"
-
-
-class UnknownSettingError(SettingsError):
-    """A ``MAILROOM_*`` variable that names no setting."""
-
-
-class InvalidJsonSettingError(SettingsError):
-    """A variable of a list, mapping or group setting whose value is not JSON."""
 
 
 def _model(annotation: Any) -> type[BaseModel] | None:

@@ -27,7 +27,12 @@ from typing import Any, Protocol, TypeVar
 from imapclient import IMAPClient
 from imapclient.exceptions import LoginError
 
-from mailroom.errors import PermanentError, RetryableError
+from mailroom.errors import (
+    MailboxCommandFailed,
+    MailboxLoginRejected,
+    MailboxUnavailable,
+    RetryableError,
+)
 from mailroom.settings import MailboxSettings
 
 logger = logging.getLogger(__name__)
@@ -36,18 +41,6 @@ T = TypeVar("T")
 
 #: How long ``close()`` waits for a call still running in its thread, in seconds.
 CLOSE_WAIT_S = 5.0
-
-
-class MailboxUnavailable(RetryableError):
-    """The IMAP server could not be reached, or the connection dropped or timed out."""
-
-
-class MailboxLoginRejected(PermanentError):
-    """The IMAP server refused the login (wrong credentials or account disabled)."""
-
-
-class MailboxCommandFailed(RetryableError):
-    """The IMAP server answered NO or BAD to a command."""
 
 
 @dataclass(frozen=True)

@@ -122,8 +122,9 @@ def notify(
     subject: str = typer.Option(None, "--subject"),
 ) -> None:
     """Send a notification through a channel (created pending, delivered by the workers)."""
-    from mailroom.adapters.channels import UnknownChannel, plugin
+    from mailroom.adapters.channels import plugin
     from mailroom.delivery.producer import create_message, enqueue_messages
+    from mailroom.errors import UnknownChannel
 
     try:
         plugin(channel)

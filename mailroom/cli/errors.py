@@ -191,7 +191,7 @@ def _redis(exc: BaseException) -> Failure | None:
 def _nats(exc: BaseException) -> Failure | None:
     import nats.errors
 
-    from mailroom.adapters.nats import NatsUnavailable
+    from mailroom.errors import NatsUnavailable
 
     variable = "MAILROOM_NATS__URL" + _configured(lambda s: s.nats.url)
     if isinstance(exc, nats.errors.AuthorizationError):
@@ -202,7 +202,7 @@ def _nats(exc: BaseException) -> Failure | None:
 
 
 def _app_error(exc: BaseException) -> Failure | None:
-    from mailroom.adapters.imap import MailboxLoginRejected, MailboxUnavailable
+    from mailroom.errors import MailboxLoginRejected, MailboxUnavailable
 
     if isinstance(exc, MailboxLoginRejected):
         return _unavailable(

@@ -24,12 +24,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from mailroom.adapters.imap import FetchedMail, Mailbox
 from mailroom.adapters.storage import ObjectStore
-from mailroom.errors import LeaseLost
+from mailroom.errors import ClaimsExhausted, LeaseLost, MailFailed
 from mailroom.intake.cursor import Claim, adopt_uidvalidity
 from mailroom.intake.ingest import (
-    ClaimsExhausted,
     Committed,
-    MailFailed,
     PreparedGroup,
     PreparedMail,
     commit_group,

@@ -23,31 +23,20 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import ColumnElement, and_, func, select, update
 from sqlalchemy.dialects.postgresql import insert
-from sqlalchemy.exc import StatementError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from mailroom.clock import DbClock, db_now
 from mailroom.db import transaction
-from mailroom.errors import LeaseLost
+from mailroom.errors import LeaseLost, describe_error
 from mailroom.intake import audit
 from mailroom.models import InboundMail, MailboxCursor
 
 logger = logging.getLogger(__name__)
 
-#: Longest error text kept on a cursor or mail row, in characters.
-MAX_ERROR_CHARS = 2000
-
 
 def backoff_s(retry_count: int, *, max_backoff_s: float) -> float:
     """Wait after the ``retry_count``-th failure in a row: ``min(max, 2**retry_count)`` seconds."""
     return float(min(max_backoff_s, 2 ** min(retry_count, 30)))
-
-
-def describe_error(exc: BaseException) -> str:
-    """``Type: message`` for cursor rows and logs, without SQL parameters (mail headers)."""
-    if isinstance(exc, StatementError) and exc.orig is not None:
-        exc = exc.orig  # the driver's message, not SQLAlchemy's echo of the statement
-    return f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ import psycopg
 
 from mailroom.adapters.imap import FetchedMail
 from mailroom.adapters.storage import ObjectStore, PutRequest, StoredRef, content_key
-from mailroom.errors import AppError, LeaseLost
-from mailroom.intake.cursor import Claim, describe_error
+from mailroom.errors import LeaseLost, MailFailed
+from mailroom.intake.cursor import Claim
 from mailroom.intake.mail_sql import FileRow, MailWrite, store_mails
 from mailroom.intake.parsing import Limits, ParsedAttachment, ParsedMail, parse_mail
 
@@ -28,24 +28,6 @@ logger = logging.getLogger(__name__)
 
 #: ``created_by`` of the objects intake registers.
 CREATED_BY = "intake"
-
-
-class MailFailed(Exception):
-    """One mail could not be ingested; the batch stops at its UID."""
-
-    def __init__(self, uid: int, message_id: str | None, cause: BaseException) -> None:
-        super().__init__(f"UID {uid}: {describe_error(cause)[:300]}")
-        self.uid = uid
-        self.message_id = message_id
-        self.cause = cause
-        #: UIDVALIDITY of the folder the mail was read from; the batch fills it in.
-        self.uidvalidity: int | None = None
-        #: Workers died on this UID ``max_retries`` times: block at once, unread.
-        self.exhausted = False
-
-
-class ClaimsExhausted(AppError):
-    """Claims at one UID kept ending without a recorded outcome: their workers died."""
 
 
 @dataclass

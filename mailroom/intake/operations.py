@@ -11,17 +11,9 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from mailroom.audit import OPERATOR, operator_id
 from mailroom.db import transaction
-from mailroom.errors import PermanentError
+from mailroom.errors import CursorBusy, CursorNotFound
 from mailroom.intake import audit
 from mailroom.models import MailboxCursor
-
-
-class CursorNotFound(PermanentError):
-    """No cursor matches that mailbox (and folder)."""
-
-
-class CursorBusy(PermanentError):
-    """A poll holds the cursor's lease right now; try again when it is done."""
 
 
 @dataclass(frozen=True)

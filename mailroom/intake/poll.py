@@ -18,11 +18,10 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from mailroom.adapters.imap import MailboxFactory
 from mailroom.adapters.storage import ObjectStore
 from mailroom.clock import DbClock, db_now
-from mailroom.errors import AppError, LeaseLost, PermanentError
+from mailroom.errors import AppError, LeaseLost, MailFailed, UnknownMailbox, describe_error
 from mailroom.intake import cursor as cursors
 from mailroom.intake.batch import BatchContext, BatchResult, Nudge, run_batch
 from mailroom.intake.cursor import Claim
-from mailroom.intake.ingest import MailFailed
 from mailroom.intake.lease import run_under_lease
 from mailroom.settings import IntakeSettings, MailboxSettings
 
@@ -31,10 +30,6 @@ logger = logging.getLogger(__name__)
 Status = Literal[
     "done", "skipped", "disabled", "lease_lost", "mail_failed", "blocked", "batch_failed"
 ]
-
-
-class UnknownMailbox(PermanentError):
-    """No mailbox of that name is configured."""
 
 
 @dataclass(frozen=True)
@@ -159,8 +154,8 @@ async def _mail_failed(
             failure.retry_count,
             claim.mailbox,
         )
-        return PollOutcome(claim.mailbox, "blocked", cursors.describe_error(exc.cause))
-    return PollOutcome(claim.mailbox, "mail_failed", cursors.describe_error(exc.cause))
+        return PollOutcome(claim.mailbox, "blocked", describe_error(exc.cause))
+    return PollOutcome(claim.mailbox, "mail_failed", describe_error(exc.cause))
 
 
 def _uidvalidity(claim: Claim, exc: MailFailed) -> int:
@@ -184,7 +179,7 @@ async def _batch_failed(
         failure.retry_count,
         failure.next_retry_at,
     )
-    return PollOutcome(claim.mailbox, "batch_failed", cursors.describe_error(exc))
+    return PollOutcome(claim.mailbox, "batch_failed", describe_error(exc))
 
 
 def _log_failure(mailbox: str, what: str, exc: BaseException) -> None:
@@ -192,6 +187,6 @@ def _log_failure(mailbox: str, what: str, exc: BaseException) -> None:
     # without traceback because SQLAlchemy's text echoes parameters, i.e. mail headers
     # (the per-mail statement runs on psycopg directly, so its errors come unwrapped).
     if isinstance(exc, AppError | SQLAlchemyError | psycopg.Error):
-        logger.warning("Mailbox %s: %s: %r", mailbox, what, cursors.describe_error(exc)[:300])
+        logger.warning("Mailbox %s: %s: %r", mailbox, what, describe_error(exc)[:300])
     else:  # a bug or an unexpected library error: keep the traceback (and reach Sentry)
         logger.error("Mailbox %s: %s", mailbox, what, exc_info=exc)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import date, datetime, time
 from typing import Any
 
-from mailroom.errors import PermanentError
+from mailroom.errors import EmptyFile, UnreadableFile, UnsupportedType
 from mailroom.recognition.contracts import ResultField
 
 #: Confidence of a value that reads cleanly.
@@ -45,31 +45,6 @@ _KEY_VALUE_HEADERS = frozenset(
     {("key", "value"), ("field", "value"), ("name", "value"), ("field", "val")}
 )
 _NUMBER = re.compile(r"^[-+]?\d[\d\s.,']*$")
-
-
-class ExtractionError(PermanentError):
-    """The file could not be read."""
-
-    #: The error code a recognition result carries.
-    code = "UNREADABLE"
-
-
-class UnreadableFile(ExtractionError):
-    """The file is not readable as its declared type."""
-
-    code = "UNREADABLE"
-
-
-class EmptyFile(ExtractionError):
-    """The file holds no data."""
-
-    code = "EMPTY"
-
-
-class UnsupportedType(ExtractionError):
-    """The file type is not supported by this service."""
-
-    code = "UNSUPPORTED_TYPE"
 
 
 @dataclass(frozen=True)

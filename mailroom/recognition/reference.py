@@ -27,8 +27,8 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from pydantic import ValidationError
 
-from mailroom.adapters.storage import InvalidKey, ObjectNotFound, ObjectStore, build_store
-from mailroom.errors import AppError, RetryableError
+from mailroom.adapters.storage import ObjectStore, build_store
+from mailroom.errors import AppError, ExtractionError, InvalidKey, ObjectNotFound, RetryableError
 from mailroom.recognition.contracts import (
     MSG_ID_HEADER,
     RESULT_SCHEMA_VERSION,
@@ -44,7 +44,7 @@ from mailroom.recognition.contracts import (
     parse_json_object,
     result_msg_id,
 )
-from mailroom.recognition.extraction import ExtractionError, extract
+from mailroom.recognition.extraction import extract
 from mailroom.recognition.reference_faults import RecognizerFaults
 from mailroom.settings import Settings
 from mailroom.stop_signals import handle_stop_signals

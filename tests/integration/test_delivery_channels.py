@@ -9,20 +9,20 @@ from email import policy
 
 import pytest
 
-from mailroom.adapters.channels import (
-    ChannelOutbound,
-    ChannelRejected,
-    ChannelUnavailable,
-    UnknownAccount,
-    UnknownChannel,
-)
+from mailroom.adapters.channels import ChannelOutbound
 from mailroom.adapters.channels.middleware import Throttled
 from mailroom.adapters.redis import DeliveryRedis
 from mailroom.delivery.deliver import Deliverer, DeliveryDeferred, Outcome
 from mailroom.delivery.locks import LockOwner
 from mailroom.delivery.ports import Envelope
 from mailroom.devtools.stack import free_port
-from mailroom.errors import RateLimited
+from mailroom.errors import (
+    ChannelRejected,
+    ChannelUnavailable,
+    RateLimited,
+    UnknownAccount,
+    UnknownChannel,
+)
 from mailroom.settings import EmailAccount, RateLimit, WebhookAccount
 from tests.fixtures.delivery import HttpReply, load_message, make_message
 

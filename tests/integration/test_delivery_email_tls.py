@@ -10,10 +10,11 @@ import pytest
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import AuthResult
 
-from mailroom.adapters.channels import ChannelOutbound, ChannelRejected
+from mailroom.adapters.channels import ChannelOutbound
 from mailroom.delivery.ports import Envelope
 from mailroom.devtools.imap import self_signed_certificate
 from mailroom.devtools.stack import free_port
+from mailroom.errors import ChannelRejected
 from mailroom.settings import DeliverySettings, EmailAccount
 from tests.fixtures.delivery import SmtpSinkHandler
 

@@ -9,7 +9,8 @@ import threading
 import pytest
 from pydantic import SecretStr
 
-from mailroom.adapters.imap import ImapMailbox, MailboxUnavailable
+from mailroom.adapters.imap import ImapMailbox
+from mailroom.errors import MailboxUnavailable
 from mailroom.settings import MailboxSettings
 
 pytestmark = pytest.mark.integration

@@ -9,8 +9,9 @@ import pytest
 from pydantic import SecretStr
 
 from mailroom.adapters.imap import ImapMailbox, MemoryServer
-from mailroom.adapters.storage import StorageUnavailable, put_concurrently
+from mailroom.adapters.storage import put_concurrently
 from mailroom.devtools.stack import free_port
+from mailroom.errors import StorageUnavailable
 from mailroom.intake.audit import CURSOR_BLOCKED, UIDVALIDITY_CHANGED, UNBLOCKED
 from mailroom.intake.operations import unblock_mailbox
 from tests.fixtures.imap import csv_mail, make_mail, on_every_server

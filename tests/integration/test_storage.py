@@ -8,8 +8,6 @@ import pytest
 from pydantic import SecretStr
 
 from mailroom.adapters.storage import (
-    InvalidKey,
-    ObjectNotFound,
     PutRequest,
     S3Store,
     StoredRef,
@@ -17,6 +15,7 @@ from mailroom.adapters.storage import (
     content_key,
     sha256_hex,
 )
+from mailroom.errors import InvalidKey, ObjectNotFound
 from mailroom.settings import Settings, StorageSettings
 
 pytestmark = pytest.mark.integration

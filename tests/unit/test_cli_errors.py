@@ -7,9 +7,8 @@ import pytest
 import redis.exceptions
 import sqlalchemy.exc
 
-from mailroom.adapters.imap import MailboxLoginRejected
-from mailroom.adapters.nats import NatsUnavailable
 from mailroom.cli.errors import EXIT_UNAVAILABLE, describe
+from mailroom.errors import MailboxLoginRejected, NatsUnavailable
 
 
 def _lines(exc: BaseException) -> list[str]:

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from mailroom.adapters import channels
-from mailroom.adapters.channels import ChannelOutbound, ChannelRejected, ChannelUnavailable
+from mailroom.adapters.channels import ChannelOutbound
 from mailroom.adapters.channels.email import _by_code, build_mail
 from mailroom.adapters.channels.webhook import _check, parse_retry_after
 from mailroom.delivery.chunks import ChunkPlan, split_body
@@ -18,7 +18,7 @@ from mailroom.delivery.coalesce import Coalescer
 from mailroom.delivery.contracts import StreamEntry, decode_entry, decode_payload, encode_entry
 from mailroom.delivery.locks import BatchLease, LockOwner, run_under_lease
 from mailroom.delivery.ports import Envelope
-from mailroom.errors import LeaseLost, RateLimited
+from mailroom.errors import ChannelRejected, ChannelUnavailable, LeaseLost, RateLimited
 from mailroom.settings import DeliverySettings
 
 

@@ -9,14 +9,11 @@ from datetime import date
 import pytest
 from openpyxl import Workbook
 
+from mailroom.errors import EmptyFile, ExtractionError, UnreadableFile, UnsupportedType
 from mailroom.recognition.contracts import ResultField
 from mailroom.recognition.extraction import (
     CLEAN_CONFIDENCE,
     GARBLED_CONFIDENCE,
-    EmptyFile,
-    ExtractionError,
-    UnreadableFile,
-    UnsupportedType,
     extract,
     looks_like_text,
     normalise_name,

@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-from mailroom.errors import LeaseLost
-from mailroom.intake.cursor import backoff_s, describe_error
+from mailroom.errors import LeaseLost, describe_error
+from mailroom.intake.cursor import backoff_s
 from mailroom.intake.lease import run_under_lease
 
 

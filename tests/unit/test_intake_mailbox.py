@@ -7,15 +7,14 @@ import imaplib
 import pytest
 from imapclient.exceptions import LoginError
 
-from mailroom.adapters.imap import (
+from mailroom.adapters.imap import MemoryServer, _translate_errors, filter_uids_above
+from mailroom.errors import (
     MailboxCommandFailed,
     MailboxLoginRejected,
     MailboxUnavailable,
-    MemoryServer,
-    _translate_errors,
-    filter_uids_above,
+    PermanentError,
+    RetryableError,
 )
-from mailroom.errors import PermanentError, RetryableError
 from mailroom.intake.batch import bounded_runs
 from mailroom.settings import MailboxSettings
 

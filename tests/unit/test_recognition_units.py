@@ -9,15 +9,9 @@ import nats.errors
 import pytest
 
 from bridges.nats import NatsBridge
-from mailroom.adapters.nats import (
-    IncomingMessage,
-    InMemoryPublisher,
-    NatsClient,
-    NatsPublishFailed,
-    NatsUnavailable,
-    OutgoingMessage,
-)
+from mailroom.adapters.nats import IncomingMessage, InMemoryPublisher, NatsClient, OutgoingMessage
 from mailroom.adapters.nats.translate import translate_errors
+from mailroom.errors import NatsPublishFailed, NatsUnavailable
 from mailroom.recognition.contracts import RecognitionResult
 from mailroom.recognition.finality import short_repr
 from mailroom.recognition.inbox_messages import InvalidMessage, parse_response

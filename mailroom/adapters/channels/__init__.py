@@ -18,26 +18,10 @@ from typing import Protocol
 
 from mailroom.adapters.redis import DeliveryRedis
 from mailroom.delivery.ports import Envelope, Send
-from mailroom.errors import PermanentError, RetryableError
+from mailroom.errors import UnknownChannel
 from mailroom.settings import DeliverySettings
 
 logger = logging.getLogger(__name__)
-
-
-class UnknownChannel(PermanentError):
-    """No channel plugin of that name is registered."""
-
-
-class UnknownAccount(PermanentError):
-    """The channel has no account of that name in the settings."""
-
-
-class ChannelUnavailable(RetryableError):
-    """The channel's provider could not take the message now."""
-
-
-class ChannelRejected(PermanentError):
-    """The channel's provider refused the message."""
 
 
 class Channel(Protocol):

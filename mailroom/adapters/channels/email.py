@@ -14,9 +14,9 @@ import ssl
 from email.message import EmailMessage
 from email.utils import formatdate
 
-from mailroom.adapters.channels import ChannelRejected, ChannelUnavailable, UnknownAccount, register
+from mailroom.adapters.channels import register
 from mailroom.delivery.ports import Envelope
-from mailroom.errors import AppError
+from mailroom.errors import AppError, ChannelRejected, ChannelUnavailable, UnknownAccount
 from mailroom.settings import DeliverySettings, EmailAccount
 
 

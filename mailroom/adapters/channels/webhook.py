@@ -16,9 +16,9 @@ from email.utils import parsedate_to_datetime
 
 import httpx
 
-from mailroom.adapters.channels import ChannelRejected, ChannelUnavailable, UnknownAccount, register
+from mailroom.adapters.channels import register
 from mailroom.delivery.ports import Envelope
-from mailroom.errors import RateLimited
+from mailroom.errors import ChannelRejected, ChannelUnavailable, RateLimited, UnknownAccount
 from mailroom.settings import DeliverySettings, WebhookAccount
 
 #: Header carrying the HMAC-SHA256 of the body when the account has a secret.

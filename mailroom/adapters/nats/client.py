@@ -28,7 +28,8 @@ from mailroom.adapters.nats.subscriptions import (
     subscribe_core,
     subscribe_pull,
 )
-from mailroom.adapters.nats.translate import NatsConfigError, NatsUnavailable, translate_errors
+from mailroom.adapters.nats.translate import translate_errors
+from mailroom.errors import NatsConfigError, NatsUnavailable
 from mailroom.settings import NatsSettings
 
 logger = logging.getLogger(__name__)

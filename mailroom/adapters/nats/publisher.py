@@ -15,8 +15,8 @@ from nats.aio.client import Client as NatsConnection
 from nats.js import JetStreamContext
 from nats.js.api import PubAck
 
-from mailroom.adapters.nats.translate import NatsPublishFailed, translate_errors
-from mailroom.errors import PermanentError, RetryableError
+from mailroom.adapters.nats.translate import translate_errors
+from mailroom.errors import NatsPublishFailed, PermanentError, RetryableError
 from mailroom.recognition.contracts import MSG_ID_HEADER
 
 

@@ -19,7 +19,8 @@ from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from mailroom.adapters.nats.translate import NatsPublishFailed, translate_errors
+from mailroom.adapters.nats.translate import translate_errors
+from mailroom.errors import NatsPublishFailed
 from mailroom.settings import NatsSettings
 
 

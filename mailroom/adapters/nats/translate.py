@@ -12,19 +12,7 @@ from collections.abc import Iterator
 import nats.errors
 import nats.js.errors
 
-from mailroom.errors import PermanentError, RetryableError
-
-
-class NatsUnavailable(RetryableError):
-    """The NATS server could not be reached or the connection is down."""
-
-
-class NatsPublishFailed(RetryableError):
-    """A publish was not confirmed (flush or JetStream ack failed or timed out)."""
-
-
-class NatsConfigError(PermanentError):
-    """NATS refused our stream or consumer configuration."""
+from mailroom.errors import NatsConfigError, NatsPublishFailed, NatsUnavailable
 
 
 @contextlib.contextmanager

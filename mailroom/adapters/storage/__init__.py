@@ -11,12 +11,9 @@ from mailroom.adapters.storage.filesystem import FilesystemStore
 from mailroom.adapters.storage.s3 import S3Store
 from mailroom.adapters.storage.store import (
     BucketRole,
-    InvalidKey,
-    ObjectNotFound,
     ObjectStore,
     PutOutcome,
     PutRequest,
-    StorageUnavailable,
     StoredRef,
     content_key,
     put_concurrently,
@@ -27,13 +24,10 @@ from mailroom.settings import Settings
 __all__ = [
     "BucketRole",
     "FilesystemStore",
-    "InvalidKey",
-    "ObjectNotFound",
     "ObjectStore",
     "PutOutcome",
     "PutRequest",
     "S3Store",
-    "StorageUnavailable",
     "StoredRef",
     "build_store",
     "content_key",

@@ -12,13 +12,13 @@ from pathlib import Path
 from mailroom.adapters.storage.store import (
     BucketRole,
     Buckets,
-    ObjectNotFound,
     PutOutcome,
     PutRequest,
     StoredRef,
     check_key,
     sha256_hex,
 )
+from mailroom.errors import ObjectNotFound
 from mailroom.settings import StorageSettings
 
 

@@ -13,16 +13,14 @@ from typing import Any
 from mailroom.adapters.storage.store import (
     BucketRole,
     Buckets,
-    ObjectNotFound,
     PutOutcome,
     PutRequest,
-    StorageUnavailable,
     StoredRef,
     check_key,
     put_concurrently,
     sha256_hex,
 )
-from mailroom.errors import PermanentError
+from mailroom.errors import ObjectNotFound, PermanentError, StorageUnavailable
 from mailroom.settings import StorageSettings
 
 

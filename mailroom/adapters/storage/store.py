@@ -12,22 +12,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from mailroom.errors import PermanentError, RetryableError
+from mailroom.errors import (
+    InvalidKey,
+)
 from mailroom.settings import StorageSettings
 
 BucketRole = Literal["mail", "incoming", "results"]
-
-
-class ObjectNotFound(PermanentError):
-    """The object does not exist in the store."""
-
-
-class StorageUnavailable(RetryableError):
-    """The object store could not be reached."""
-
-
-class InvalidKey(PermanentError):
-    """The object key is not a safe relative path."""
 
 
 @dataclass(frozen=True)
