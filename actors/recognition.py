@@ -17,7 +17,7 @@ from actors.notifications import notify_final_mails
 from actors.resources import current
 from actors.retry_policy import RetryPolicy
 from actors.sending import send_each_off_loop, send_off_loop
-from mailroom.adapters.nats import NatsPublishFailed, NatsUnavailable
+from mailroom.errors import NatsPublishFailed, NatsUnavailable
 from mailroom.recognition import inbox, mapping, outbox, watchdog
 from mailroom.recognition.finality import short_repr
 from mailroom.recognition.inbox_messages import InboxMessage

@@ -27,6 +27,7 @@ cause (``raise X(...) from exc``); pipelines and actors only ever see these.
     │   ├── UnknownMailbox
     │   ├── CursorNotFound
     │   ├── CursorBusy
+    │   ├── ReplayRefused                        (recognition job)
     │   └── ExtractionError
     │       ├── UnreadableFile
     │       ├── EmptyFile
@@ -167,6 +168,10 @@ class CursorNotFound(PermanentError):
 
 class CursorBusy(PermanentError):
     """A poll holds the cursor's lease right now; try again when it is done."""
+
+
+class ReplayRefused(PermanentError):
+    """This recognition job cannot be replayed."""
 
 
 class ExtractionError(PermanentError):

@@ -24,13 +24,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from mailroom.audit import OPERATOR, operator_id
 from mailroom.db import create_engine, create_sessionmaker, transaction
+from mailroom.errors import ReplayRefused
 from mailroom.models import FILE_STATUSES, JOB_STATUSES, PIPELINES, RecognitionJob, StoredFile
-from mailroom.recognition.replay import (
-    ReplayedJob,
-    ReplayRefused,
-    replay_job,
-    replay_jobs_by_status,
-)
+from mailroom.recognition.replay import ReplayedJob, replay_job, replay_jobs_by_status
 from mailroom.settings import Settings
 
 logger = logging.getLogger(__name__)

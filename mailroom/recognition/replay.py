@@ -21,7 +21,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from mailroom.clock import db_now
-from mailroom.errors import PermanentError
+from mailroom.errors import ReplayRefused
 from mailroom.recognition.contracts import request_msg_id
 from mailroom.recognition.finality import MAX_REASON_CHARS
 
@@ -31,10 +31,6 @@ logger = logging.getLogger(__name__)
 REPLAYABLE = ("dlq", "timeout", "error")
 
 AUDIT_ACTION = "recognition.replayed"
-
-
-class ReplayRefused(PermanentError):
-    """This job cannot be replayed."""
 
 
 @dataclass(frozen=True)

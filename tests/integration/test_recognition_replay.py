@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from mailroom.db import transaction
-from mailroom.recognition.replay import ReplayRefused, replay_job, replay_jobs_by_status
+from mailroom.errors import ReplayRefused
+from mailroom.recognition.replay import replay_job, replay_jobs_by_status
 from tests.fixtures.recognition import at
 
 pytestmark = pytest.mark.integration

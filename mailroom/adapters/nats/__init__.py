@@ -7,8 +7,6 @@ The outbox needs only ``RequestPublisher`` (met by ``NatsClient`` and
 queue group or a durable JetStream pull consumer (``subscriptions``).
 """
 
-# NOTE: the two errors stay importable from here for actors.recognition; mailroom.errors is
-# their home.
 from mailroom.adapters.nats.client import NatsClient
 from mailroom.adapters.nats.publisher import (
     InMemoryPublisher,
@@ -18,14 +16,11 @@ from mailroom.adapters.nats.publisher import (
     RequestPublisher,
 )
 from mailroom.adapters.nats.subscriptions import IncomingMessage, ResultSubscription
-from mailroom.errors import NatsPublishFailed, NatsUnavailable
 
 __all__ = [
     "InMemoryPublisher",
     "IncomingMessage",
     "NatsClient",
-    "NatsPublishFailed",
-    "NatsUnavailable",
     "OutgoingMessage",
     "PublishAck",
     "PublishResult",
