@@ -197,11 +197,11 @@ class ImapMailbox:
             _shutdown_quietly(broken)
         client = self._connect()
         if self._folder is not None:
-            client.select_folder(self._folder)
+            _select(client, self._folder)
 
     async def select(self, folder: str) -> int:
         self._folder = folder
-        info = await self._call(f"SELECT {folder!r}", self._require().select_folder, folder)
+        info = await self._call(f"SELECT {folder!r}", _select, self._require(), folder)
         try:
             return int(info[b"UIDVALIDITY"])
         except (KeyError, TypeError, ValueError) as exc:
@@ -239,20 +239,24 @@ class ImapMailbox:
         if not client.has_capability("IDLE"):
             return False  # the next scheduled poll looks again
         # Mail that landed after the last UID SEARCH is announced once, and not again in IDLE:
-        # a NOOP asks for it (pymap tells only then or at DONE).
-        _, responses = client.noop()
-        if _announces_mail(responses):
+        # with the response to a later command (kept by imaplib), or when a NOOP asks (pymap
+        # tells only then or at DONE).
+        if _take_announced(client):
             return True
+        client.noop()
+        if _take_announced(client):
+            return True
+        responses: list[Any] = []
         try:
             client.idle()
             try:
                 # Dovecot sends what arrived since the NOOP with its "+ idling", in one packet:
                 # imaplib has read it already, and idle_check, which polls the socket, would
-                # wait the whole timeout for it.
+                # wait the whole timeout for it. DONE reads it (imaplib keeps it).
                 if not _buffered(client):
                     responses = client.idle_check(timeout=timeout_s)
             finally:
-                _, done = client.idle_done()  # what came with DONE counts too
+                client.idle_done()
         except imaplib.IMAP4.abort as exc:
             # Mail that lands while IDLE starts or ends can come back as updates imaplib cannot
             # parse (seen with pymap): the connection is out of step. Open a fresh one on the
@@ -263,7 +267,7 @@ class ImapMailbox:
             )
             self._reconnect()
             return True
-        return _announces_mail([*responses, *done])
+        return _announces_mail(responses) or _take_announced(client)
 
     async def idle(self, timeout_s: float) -> bool:
         return await self._call("IDLE", self._idle, timeout_s)
@@ -318,6 +322,22 @@ def _shutdown_quietly(client: IMAPClient) -> None:
 def _announces_mail(responses: list[Any]) -> bool:
     """Whether parsed untagged responses include an ``EXISTS`` (new mail, or a new count)."""
     return any(isinstance(r, tuple) and b"EXISTS" in r for r in responses)
+
+
+def _select(client: IMAPClient, folder: str) -> dict[bytes, Any]:
+    info: dict[bytes, Any] = client.select_folder(folder)
+    # The SELECT's own EXISTS is in ``info``: any that imaplib keeps from here on is news.
+    client._imap.untagged_responses.pop("EXISTS", None)
+    return info
+
+
+def _take_announced(client: IMAPClient) -> bool:
+    """Whether a command's response announced a new message count since we last looked.
+
+    imaplib keeps the untagged responses that no command asked for; imapclient never reads
+    the EXISTS among them.
+    """
+    return bool(client._imap.untagged_responses.pop("EXISTS", None))
 
 
 def _buffered(client: IMAPClient) -> bool:

@@ -114,6 +114,25 @@ async def test_idle_reports_at_once_mail_that_landed_after_the_search(mail_serve
 
 
 @on_every_server
+async def test_idle_reports_mail_announced_with_an_earlier_response(mail_server, mail_folder):
+    box = ImapMailbox(mail_server.mailbox_settings("m", mail_folder))
+    await box.connect()
+    try:
+        await box.select(mail_folder)
+        assert await box.uids_above(0) == []
+        mail_server.append(mail_folder, make_mail(1))
+        # Another command: the server announces the new mail with its response, once.
+        assert await box.larger_than([1, 1000], 10**9) == set()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        assert await box.idle(5) is True
+        assert loop.time() - started < 2, "not after the whole wait"
+        assert await box.idle(0.2) is False, "and only once"
+    finally:
+        await box.close()
+
+
+@on_every_server
 async def test_idle_reports_mail_that_landed_as_it_began(mail_server, mail_folder, monkeypatch):
     # Dovecot announces such mail with its IDLE continuation, pymap only when the IDLE ends.
     original_idle = IMAPClient.idle
