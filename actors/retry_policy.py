@@ -23,6 +23,7 @@ import dramatiq
 from dramatiq import Broker, Middleware
 from dramatiq.broker import MessageProxy
 
+from mailroom.backoff import backoff
 from mailroom.errors import AppError, PermanentError
 
 logger = logging.getLogger(__name__)
@@ -59,9 +60,8 @@ class RetryPolicy:
 
     def backoff_ms(self, retries: int, *, rng: random.Random | None = None) -> int:
         """Delay before retry number ``retries + 1`` (``retries`` already done)."""
-        delay = min(self.base_ms * 2 ** min(retries, 62), self.cap_ms)
-        jitter = (rng or random).uniform(0, delay * self.jitter) if self.jitter else 0
-        return int(min(delay + jitter, MAX_DELAY_MS))
+        delay = backoff(retries, base=self.base_ms, cap=self.cap_ms, jitter=self.jitter, rng=rng)
+        return int(min(delay, MAX_DELAY_MS))
 
     def delay_ms(self, retries: int, exception: BaseException) -> int:
         if self.retry_after:

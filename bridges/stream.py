@@ -26,6 +26,7 @@ import redis.exceptions
 
 from mailroom.adapters.redis import CONNECTION_ERRORS, READ_NEW_PACKED, unpack_entries
 from mailroom.adapters.redis_client import async_client
+from mailroom.backoff import backoff
 from mailroom.delivery import metrics
 from mailroom.delivery.contracts import PAYLOAD_FIELD, decode_payload
 from mailroom.settings import DeliverySettings, RedisSettings, Settings
@@ -71,7 +72,8 @@ class StreamBridge:
         self._own_pending = True
         #: Forwarded entries whose acknowledgement rides on the next read of a backlog.
         self._unacked: list[Any] = []
-        self._backoff_s = INITIAL_BACKOFF_S
+        #: Failed passes in a row, for the backoff; a read that succeeds starts it over.
+        self._failures = 0
         self._read_new_packed = client.register_script(READ_NEW_PACKED)
 
     async def run(self) -> None:
@@ -131,7 +133,7 @@ class StreamBridge:
                         ahead = None
                     await self._flush_acks()
                     entries = await self._read("0", block_ms=None)
-                    self._backoff_s = INITIAL_BACKOFF_S
+                    self._failures = 0
                     if not entries:
                         self._own_pending = False
                         continue
@@ -140,7 +142,7 @@ class StreamBridge:
                         entries, ahead = await ahead, None
                     else:
                         entries = await self._read(">", block_ms=self.settings.read_block_ms)
-                    self._backoff_s = INITIAL_BACKOFF_S
+                    self._failures = 0
                     backlog = len(entries) >= self.settings.read_count
                     if backlog:
                         # One round trip acknowledges the batch forwarded last and reads the
@@ -284,8 +286,10 @@ class StreamBridge:
         await pipe.execute()
 
     async def _wait_after_failure(self, reason: str) -> None:
-        delay = self._backoff_s
-        self._backoff_s = min(self._backoff_s * 2, self.settings.reconnect_max_backoff_s)
+        delay = backoff(
+            self._failures, base=INITIAL_BACKOFF_S, cap=self.settings.reconnect_max_backoff_s
+        )
+        self._failures += 1
         logger.warning("Stream bridge %s: %s; retrying in %.1f s", self.consumer, reason, delay)
         try:
             await asyncio.wait_for(self.stop.wait(), delay)

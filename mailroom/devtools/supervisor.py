@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from mailroom.backoff import backoff
+
 logger = logging.getLogger(__name__)
 
 #: Longest wait between restarts of a child that keeps dying, in seconds.
@@ -92,7 +94,7 @@ class Supervisor:
                 continue
             code = child.process.returncode
             child.restarts += 1
-            delay = min(MAX_RESTART_DELAY_S, 2.0 ** min(child.restarts, 5))
+            delay = backoff(child.restarts, base=1.0, cap=MAX_RESTART_DELAY_S)
             logger.warning(
                 "%s exited with code %s; restarting in %.0fs (see %s)",
                 child.name,

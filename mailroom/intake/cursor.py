@@ -25,6 +25,7 @@ from sqlalchemy import ColumnElement, and_, func, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from mailroom.backoff import backoff
 from mailroom.clock import DbClock, db_now
 from mailroom.db import transaction
 from mailroom.errors import LeaseLost, describe_error
@@ -36,7 +37,7 @@ logger = logging.getLogger(__name__)
 
 def backoff_s(retry_count: int, *, max_backoff_s: float) -> float:
     """Wait after the ``retry_count``-th failure in a row: ``min(max, 2**retry_count)`` seconds."""
-    return float(min(max_backoff_s, 2 ** min(retry_count, 30)))
+    return float(backoff(retry_count, base=1, cap=max_backoff_s))
 
 
 @dataclass(frozen=True)
