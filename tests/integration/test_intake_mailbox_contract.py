@@ -303,8 +303,7 @@ async def test_a_login_refused_for_too_many_connections_is_retryable(mail_server
     # no limit. Either way it is never taken for wrong credentials, which would stop intake.
     boxes = [ImapMailbox(mail_server.mailbox_settings(f"m{i}", mail_folder)) for i in range(11)]
     try:
-        for box in boxes[:-1]:
-            await box.connect()
+        await asyncio.gather(*(box.connect() for box in boxes[:-1]))
         with contextlib.suppress(MailboxUnavailable):
             await boxes[-1].connect()
             await boxes[-1].select(mail_folder)
