@@ -15,8 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import socket
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -29,6 +27,7 @@ from mailroom.adapters.redis_client import async_client
 from mailroom.backoff import backoff
 from mailroom.delivery import metrics
 from mailroom.delivery.contracts import PAYLOAD_FIELD, decode_payload
+from mailroom.identity import host_pid
 from mailroom.settings import DeliverySettings, RedisSettings, Settings
 from mailroom.stop_signals import handle_stop_signals
 
@@ -39,10 +38,6 @@ INITIAL_BACKOFF_S = 0.1
 
 #: A stream entry as the bridge handles it: (entry id, payload field or None).
 Entry = tuple[Any, bytes | str | None]
-
-
-def consumer_name() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}"
 
 
 class StreamBridge:
@@ -64,7 +59,7 @@ class StreamBridge:
         self.client = client
         self.settings = settings
         self.send = send
-        self.consumer = consumer or consumer_name()
+        self.consumer = consumer or host_pid()
         self.stop = stop or asyncio.Event()
         self.forwarded = 0
         self.malformed = 0

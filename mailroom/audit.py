@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import getpass
 import os
-import socket
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -15,7 +14,7 @@ from mailroom.settings import Settings
 
 #: ``actor_type`` of what an operator did through the CLI; ``actor_id`` is ``operator_id()``.
 OPERATOR = "operator"
-#: ``actor_type`` of what the pipelines did on their own; ``actor_id`` is ``worker_id()``.
+#: ``actor_type`` of what the pipelines did on their own; ``actor_id`` is ``host_pid()``.
 SYSTEM = "system"
 
 
@@ -25,11 +24,6 @@ def operator_id() -> str:
         return getpass.getuser()
     except (KeyError, OSError):  # no passwd entry and no LOGNAME/USER (containers)
         return f"uid-{os.getuid()}"
-
-
-def worker_id() -> str:
-    """``host-pid`` of this process, the actor of system events."""
-    return f"{socket.gethostname()}-{os.getpid()}"
 
 
 def add_audit_event(

@@ -12,19 +12,18 @@ Postgres frees the lock for a standby and the old leader learns it lost it.
 from __future__ import annotations
 
 import logging
-import os
-import socket
 
 import psycopg
 
 from mailroom.db import keepalive_args, server_keepalive_options
+from mailroom.identity import host_pid
 from mailroom.settings import DatabaseSettings
 
 logger = logging.getLogger(__name__)
 
 
 def holder_name() -> str:
-    return f"mailroom-scheduler {socket.gethostname()}-{os.getpid()}"
+    return f"mailroom-scheduler {host_pid()}"
 
 
 class LeaderElection:

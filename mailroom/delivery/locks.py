@@ -13,13 +13,13 @@ import contextlib
 import json
 import logging
 import os
-import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
 from mailroom.errors import LeaseLost
+from mailroom.identity import host_pid
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ class LockOwner:
     """This process as a lock owner, plus the messages it is delivering right now."""
 
     def __init__(self, name: str | None = None, *, started_at: float | None = None) -> None:
-        self.name = name or f"{socket.gethostname()}-{os.getpid()}"
+        self.name = name or host_pid()
         self.started_at = started_at if started_at is not None else time.time()
         #: The lock value: identical for every attempt of this owner.
         self.token = json.dumps(

@@ -6,7 +6,8 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from mailroom.audit import SYSTEM, add_audit_event, worker_id
+from mailroom.audit import SYSTEM, add_audit_event
+from mailroom.identity import host_pid
 
 CURSOR_BLOCKED = "intake.cursor_blocked"
 UIDVALIDITY_CHANGED = "intake.uidvalidity_changed"
@@ -31,7 +32,7 @@ async def record_audit(
     add_audit_event(
         session,
         actor_type=actor_type,
-        actor_id=actor_id or worker_id(),
+        actor_id=actor_id or host_pid(),
         action=action,
         target=target,
         detail=detail,
