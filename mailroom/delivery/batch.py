@@ -12,9 +12,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -67,7 +66,6 @@ class Batch:
         token: str,
         ttl_ms: int,
         delivered_ttl_s: int,
-        clock: Callable[[], datetime],
     ) -> None:
         self.connection = connection
         self.lease = lease
@@ -75,7 +73,6 @@ class Batch:
         self.token = token
         self.ttl_ms = ttl_ms
         self.delivered_ttl_s = delivered_ttl_s
-        self.clock = clock
         self._statement_lock = asyncio.Lock()
         self._locks: Coalescer[int, AcquireResult] = Coalescer(self._lock_many)
         self._claims: Coalescer[int, Claim | str | None] = Coalescer(self._claim_many)
@@ -110,9 +107,8 @@ class Batch:
         return await self.redis.acquire_locks(message_ids, token=self.token, ttl_ms=self.ttl_ms)
 
     async def _claim_many(self, message_ids: Sequence[int]) -> dict[int, Claim | str | None]:
-        now = self.clock()
-        due = now + timedelta(seconds=DUE_SLACK_S)
-        rows = (await self.execute(CLAIM, {"ids": list(message_ids), "now": now, "due": due})).all()
+        params = {"ids": list(message_ids), "due_slack_s": DUE_SLACK_S}
+        rows = (await self.execute(CLAIM, params)).all()
         found: dict[int, Claim | str | None] = {
             row.id: Claim(**row._asdict(), batch=self) for row in rows
         }
@@ -131,7 +127,7 @@ class Batch:
         rows = json.dumps(
             [{"id": s.id, "attempts": s.attempts, "chunks": s.chunks} for s in successes]
         )
-        settled = set((await self.execute(SUCCEED, {"rows": rows, "now": self.clock()})).scalars())
+        settled = set((await self.execute(SUCCEED, {"rows": rows})).scalars())
         try:
             await self.redis.settle_many(
                 [(s.id, "delivered" if s.id in settled else "") for s in successes],

@@ -26,9 +26,8 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
 from enum import StrEnum
 from functools import cached_property
 from typing import Any
@@ -42,8 +41,12 @@ from mailroom.delivery.batch import Batch, Claim
 from mailroom.delivery.chunks import FAILED, SENT, ChunkPlan
 from mailroom.delivery.locks import BatchLease, LockOwner, process_owner
 from mailroom.delivery.ports import Envelope, Outbound, Send
-from mailroom.delivery.producer import utcnow
-from mailroom.delivery.statements import UNCERTAIN_ERROR, fenced_update, stale_recovered_event
+from mailroom.delivery.statements import (
+    RETRY_IN_S,
+    UNCERTAIN_ERROR,
+    fenced_update,
+    stale_recovered_event,
+)
 from mailroom.errors import LeaseLost, PermanentError, RateLimited, RetryableError
 from mailroom.models import FINAL_MESSAGE_STATUSES
 from mailroom.settings import DeliverySettings
@@ -106,7 +109,6 @@ class Deliverer:
     outbound: Outbound
     settings: DeliverySettings
     owner: LockOwner = field(default_factory=process_owner)
-    clock: Callable[[], datetime] = utcnow
     rng: random.Random = field(default_factory=random.Random)
 
     async def deliver(self, message_id: int) -> Outcome:
@@ -160,7 +162,6 @@ class Deliverer:
                 token=token,
                 ttl_ms=ttl_ms,
                 delivered_ttl_s=self.settings.delivered_ttl_s,
-                clock=self.clock,
             )
             stack.push_async_callback(batch.aclose)
             todo = iter(message_ids)
@@ -341,10 +342,9 @@ class Deliverer:
     async def _reschedule(
         self, claim: Claim, plan: ChunkPlan, exc: BaseException, *, delay_s: float, refund: bool
     ) -> Outcome:
-        next_retry_at = self.clock() + timedelta(seconds=delay_s)
         values: dict[str, Any] = {
             "status": "pending",
-            "next_retry_at": next_retry_at,
+            RETRY_IN_S: float(delay_s),  # next_retry_at, by the database's clock
             "last_error": _truncate(_describe(exc)),
             "chunks": plan.record(),
         }

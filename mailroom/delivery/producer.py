@@ -8,26 +8,20 @@ re-add sweep (``readd_pending_deliveries``) puts such messages on the stream.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
-from datetime import UTC, datetime, timedelta
+from collections.abc import Sequence
 
 import redis.asyncio as aioredis
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from mailroom.adapters.redis import DeliveryRedis
+from mailroom.clock import db_after
 from mailroom.db import transaction
 from mailroom.models import ChannelMessage
 from mailroom.settings import DeliverySettings
 
 logger = logging.getLogger(__name__)
-
-Clock = Callable[[], datetime]
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
 
 
 async def create_message(
@@ -72,13 +66,13 @@ async def add_to_stream(
     )
 
 
-async def mark_enqueued(session: AsyncSession, message_ids: Sequence[int], now: datetime) -> None:
+async def mark_enqueued(session: AsyncSession, message_ids: Sequence[int]) -> None:
     """Record when the messages were put on the stream."""
     if message_ids:
         await session.execute(
             update(ChannelMessage)
             .where(ChannelMessage.id.in_(list(message_ids)))
-            .values(enqueued_at=now)
+            .values(enqueued_at=func.now())
         )
 
 
@@ -88,7 +82,6 @@ async def enqueue_messages(
     redis: aioredis.Redis,
     sessions: async_sessionmaker[AsyncSession],
     settings: DeliverySettings,
-    clock: Clock = utcnow,
 ) -> None:
     """After the commit that created them: XADD the ids, then record ``enqueued_at``."""
     ids = [mid for mid in message_ids if mid is not None]
@@ -96,7 +89,7 @@ async def enqueue_messages(
         return
     await add_to_stream(redis, ids, settings=settings)
     async with transaction(sessions) as session:
-        await mark_enqueued(session, ids, clock())
+        await mark_enqueued(session, ids)
 
 
 async def readd_pending_messages(
@@ -104,15 +97,13 @@ async def readd_pending_messages(
     sessions: async_sessionmaker[AsyncSession],
     redis: aioredis.Redis,
     settings: DeliverySettings,
-    clock: Clock = utcnow,
 ) -> list[int]:
     """Put pending messages back on the stream that never got there or were lost on the way.
 
     Candidates: pending and never added (``enqueued_at`` NULL), or added and due
     for longer than ``readd_after_s`` with no live processing lock. Returns the ids.
     """
-    now = clock()
-    threshold = now - timedelta(seconds=settings.readd_after_s)
+    threshold = db_after(-settings.readd_after_s)
     async with transaction(sessions) as session:
         rows = await session.execute(
             select(ChannelMessage.id)
@@ -138,7 +129,7 @@ async def readd_pending_messages(
     keys = DeliveryRedis(redis, stream_key=settings.stream_key)
     locked = await keys.live_locks(candidates)
     ids = [mid for mid in candidates if mid not in locked]
-    await enqueue_messages(ids, redis=redis, sessions=sessions, settings=settings, clock=clock)
+    await enqueue_messages(ids, redis=redis, sessions=sessions, settings=settings)
     if ids:
         logger.info("Re-added %d pending delivery message(s) to the stream", len(ids))
     return ids

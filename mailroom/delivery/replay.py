@@ -8,8 +8,6 @@ re-added to the stream after the commit.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from datetime import datetime
 
 import redis.asyncio as aioredis
 from sqlalchemy import select, update
@@ -17,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from mailroom.adapters.redis import DeliveryRedis
 from mailroom.db import transaction
-from mailroom.delivery.producer import enqueue_messages, utcnow
+from mailroom.delivery.producer import enqueue_messages
 from mailroom.errors import PermanentError
 from mailroom.models import AuditEvent, ChannelMessage
 from mailroom.settings import DeliverySettings
@@ -41,7 +39,6 @@ async def replay_messages(
     message_id: int | None = None,
     status: str | None = None,
     limit: int = 100,
-    clock: Callable[[], datetime] = utcnow,
 ) -> list[int]:
     """Replay one message (``message_id``) or up to ``limit`` in ``status``; returns the ids."""
     if (message_id is None) == (status is None):
@@ -85,6 +82,6 @@ async def replay_messages(
                 for row in rows
             )
     await DeliveryRedis(redis, stream_key=settings.stream_key).forget_settled(ids)
-    await enqueue_messages(ids, redis=redis, sessions=sessions, settings=settings, clock=clock)
+    await enqueue_messages(ids, redis=redis, sessions=sessions, settings=settings)
     logger.info("Replayed %d delivery message(s) by %r", len(ids), actor_id[:100])
     return ids

@@ -12,16 +12,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
 
 import redis.asyncio as aioredis
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from mailroom.adapters.redis import DeliveryRedis, translate_errors
+from mailroom.clock import db_after
 from mailroom.db import transaction
 from mailroom.delivery import metrics
-from mailroom.delivery.producer import enqueue_messages, utcnow
+from mailroom.delivery.producer import enqueue_messages
 from mailroom.delivery.statements import UNCERTAIN_ERROR, stale_recovered_event
 from mailroom.models import ChannelMessage
 from mailroom.settings import DeliverySettings
@@ -44,7 +44,6 @@ async def recover_stale_deliveries(
     redis: aioredis.Redis,
     settings: DeliverySettings,
     is_idempotent: Callable[[str], bool],
-    clock: Callable[[], datetime] = utcnow,
 ) -> StaleRecovery:
     """Settle messages in ``sending`` for longer than ``stale_after_s`` without a live lock.
 
@@ -53,8 +52,7 @@ async def recover_stale_deliveries(
     holds row locks, and a pass makes one read round trip however many rows it has.
     """
     keys = DeliveryRedis(redis, stream_key=settings.stream_key)
-    now = clock()
-    threshold = now - timedelta(seconds=settings.stale_after_s)
+    threshold = db_after(-settings.stale_after_s)
     result = StaleRecovery()
     stale = (ChannelMessage.status == "sending", ChannelMessage.sending_since < threshold)
     async with sessions() as session:
@@ -95,7 +93,7 @@ async def recover_stale_deliveries(
             await session.execute(
                 update(ChannelMessage)
                 .where(ChannelMessage.id.in_(result.delivered), *stale)
-                .values(status="delivered", delivered_at=now, last_error=None)
+                .values(status="delivered", delivered_at=func.now(), last_error=None)
             )
         if result.resent:
             await session.execute(
@@ -121,9 +119,7 @@ async def recover_stale_deliveries(
         token="",
         delivered_ttl_s=settings.delivered_ttl_s,
     )
-    await enqueue_messages(
-        result.resent, redis=redis, sessions=sessions, settings=settings, clock=clock
-    )
+    await enqueue_messages(result.resent, redis=redis, sessions=sessions, settings=settings)
     for outcome, ids in (
         ("uncertain", result.uncertain),
         ("resent", result.resent),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any, cast
 
-from sqlalchemy import Table, bindparam, text, update
+from sqlalchemy import Float, Table, bindparam, func, text, update
 
 from mailroom.models import AuditEvent, ChannelMessage
 
@@ -14,15 +14,17 @@ UNCERTAIN_ERROR = "delivery outcome unknown; verify with the recipient before re
 
 #: Claim many in one statement: count each attempt, mark it sending, return the status before.
 #: Rows not returned are missing, final, or not due yet. Row locks are taken in id order.
+#: Times are the database's (``mailroom/clock.py``); ``due_slack_s`` lets a retry come early.
 CLAIM = text(
     """
     UPDATE channel_message AS m
-       SET attempts = m.attempts + 1, status = 'sending', sending_since = :now
+       SET attempts = m.attempts + 1, status = 'sending', sending_since = now()
       FROM (SELECT id, status FROM channel_message
              WHERE id = ANY(CAST(:ids AS bigint[])) ORDER BY id FOR UPDATE) AS prev
      WHERE m.id = prev.id
        AND m.status IN ('pending', 'sending')
-       AND (m.next_retry_at IS NULL OR m.next_retry_at <= :due)
+       AND (m.next_retry_at IS NULL
+            OR m.next_retry_at <= now() + make_interval(secs => CAST(:due_slack_s AS float8)))
     RETURNING m.id, m.channel, m.account, m.recipient, m.subject, m.body, m.attempts,
               m.chunks, m.last_error, prev.status AS previous_status
     """
@@ -36,7 +38,7 @@ STATUSES = text("SELECT id, status FROM channel_message WHERE id = ANY(CAST(:ids
 SUCCEED = text(
     """
     UPDATE channel_message AS m
-       SET status = 'delivered', delivered_at = :now, chunks = v.chunks,
+       SET status = 'delivered', delivered_at = now(), chunks = v.chunks,
            last_error = NULL, next_retry_at = NULL
       FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS v(id bigint, attempts integer, chunks jsonb)
      WHERE m.id = v.id AND m.attempts = v.attempts AND m.status = 'sending'
@@ -49,7 +51,8 @@ SUCCEED = text(
 def fenced_update(columns: frozenset[str]) -> Any:
     """UPDATE of ``columns`` that only hits the row while it is still one attempt's.
 
-    Bind ``fence_id`` and ``fence_attempts`` plus one parameter per column; the
+    Bind ``fence_id`` and ``fence_attempts`` plus one parameter per column (or
+    ``RETRY_IN_S``: ``next_retry_at`` that many seconds after the database's now()); the
     statement returns the id, so no row back means a later attempt took over.
     """
     table = cast(Table, ChannelMessage.__table__)
@@ -60,9 +63,22 @@ def fenced_update(columns: frozenset[str]) -> Any:
             table.c.attempts == bindparam("fence_attempts"),
             table.c.status == "sending",
         )
-        .values({name: bindparam(name, type_=table.c[name].type) for name in sorted(columns)})
+        .values(
+            {
+                ("next_retry_at" if name == RETRY_IN_S else name): (
+                    _RETRY_AT if name == RETRY_IN_S else bindparam(name, type_=table.c[name].type)
+                )
+                for name in sorted(columns)
+            }
+        )
         .returning(table.c.id)
     )
+
+
+#: The pseudo-column of ``fenced_update`` that sets ``next_retry_at`` this many seconds after
+#: the database's now().
+RETRY_IN_S = "retry_in_s"
+_RETRY_AT = func.now() + func.make_interval(0, 0, 0, 0, 0, 0, bindparam("retry_in_s", type_=Float))
 
 
 def stale_recovered_event(message_ids: list[int], *, found_by: str, resent: int = 0) -> AuditEvent:
