@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Collection, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import text
@@ -20,10 +20,6 @@ from mailroom.models import FINAL_FILE_STATUSES
 
 #: ``status_reason`` and ``error_message`` are cut to this many characters.
 MAX_REASON_CHARS = 2_000
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
 
 
 def short_repr(value: Any, limit: int = 80) -> str:

@@ -27,6 +27,7 @@ from typing import Any, cast
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from mailroom.clock import db_now
 from mailroom.models import FINAL_JOB_STATUSES
 from mailroom.recognition import attempts, inbox_sql
 from mailroom.recognition.contracts import (
@@ -34,7 +35,7 @@ from mailroom.recognition.contracts import (
     ack_msg_id,
     result_msg_id,
 )
-from mailroom.recognition.finality import MAX_REASON_CHARS, short_repr, utcnow
+from mailroom.recognition.finality import MAX_REASON_CHARS, short_repr
 from mailroom.recognition.inbox_attempts import apply_counted
 from mailroom.recognition.inbox_messages import (
     InboxMessage,
@@ -223,11 +224,12 @@ async def _register_objects(session: AsyncSession, jobs: Sequence[_Job]) -> None
 
 
 async def _apply_in_one_transaction(
-    sessions: async_sessionmaker[AsyncSession], parsed: Sequence[Parsed], now: datetime
+    sessions: async_sessionmaker[AsyncSession], parsed: Sequence[Parsed], now: datetime | None
 ) -> _Batch:
     batch = _Batch()
     ids = sorted({p.response.job_id for p in parsed})
     async with sessions() as session, session.begin():
+        now = now or await db_now(session)
         locked = await session.execute(inbox_sql.LOCK_JOBS, {"ids": ids})
         jobs = {row.id: _Job(dict(row._mapping)) for row in locked}
         for message in parsed:
@@ -286,7 +288,6 @@ async def apply_recognition_messages(
     message could be applied (the database is likely down: retry the batch),
     and at once when the connection was lost.
     """
-    now = now or utcnow()
     outcomes: list[InboxOutcome | None] = []
     parsed: list[tuple[int, Parsed]] = []
     for index, message in enumerate(messages):
@@ -307,7 +308,7 @@ async def apply_recognition_messages(
 async def _apply_counted(
     sessions: async_sessionmaker[AsyncSession],
     parsed: Sequence[Parsed],
-    now: datetime,
+    now: datetime | None,
     max_attempts: int,
 ) -> list[InboxOutcome]:
     job_ids = {p.response.job_id for p in parsed}
@@ -331,7 +332,7 @@ async def _apply_counted(
 
 
 async def _apply_batch(
-    sessions: async_sessionmaker[AsyncSession], parsed: Sequence[Parsed], now: datetime
+    sessions: async_sessionmaker[AsyncSession], parsed: Sequence[Parsed], now: datetime | None
 ) -> list[InboxOutcome]:
     try:
         return (await _apply_in_one_transaction(sessions, parsed, now)).outcomes
@@ -349,7 +350,7 @@ async def _apply_batch(
 async def _apply_one_by_one(
     sessions: async_sessionmaker[AsyncSession],
     parsed: Sequence[Parsed],
-    now: datetime,
+    now: datetime | None,
     *,
     apply: Callable[[Parsed], Awaitable[list[InboxOutcome]]] | None = None,
 ) -> list[InboxOutcome]:

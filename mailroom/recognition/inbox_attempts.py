@@ -21,6 +21,7 @@ from datetime import datetime
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from mailroom.clock import db_now
 from mailroom.recognition import attempts
 from mailroom.recognition.finality import fail_current_files, finalize_mails
 from mailroom.recognition.inbox_messages import InboxOutcome, Parsed
@@ -44,11 +45,15 @@ _FAIL_JOB = text(
 
 
 async def fail_exhausted(
-    sessions: async_sessionmaker[AsyncSession], job_id: uuid.UUID, tries: int, now: datetime
+    sessions: async_sessionmaker[AsyncSession],
+    job_id: uuid.UUID,
+    tries: int,
+    now: datetime | None = None,
 ) -> list[int]:
     """Fail the job, its file (if current) and finalize its mail; the mails made final."""
     message = f"applying its messages did not finish in {tries - 1} attempts"
     async with sessions() as session, session.begin():
+        now = now or await db_now(session)
         failed = await session.scalar(
             _FAIL_JOB,
             {"id": job_id, "code": INBOX_ATTEMPTS_EXHAUSTED, "message": message, "now": now},
@@ -69,7 +74,7 @@ async def apply_counted(
     apply_one: ApplyOne,
     *,
     max_attempts: int,
-    now: datetime,
+    now: datetime | None,
 ) -> list[InboxOutcome]:
     """One message counted on its own job, then applied, or its job failed past the maximum."""
     job_id = message.response.job_id

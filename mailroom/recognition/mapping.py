@@ -27,10 +27,11 @@ from pydantic import ValidationError
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from mailroom.clock import db_now
 from mailroom.errors import PermanentError
 from mailroom.recognition import attempts
 from mailroom.recognition.contracts import RecognitionResult, parse_json_object
-from mailroom.recognition.finality import MAX_REASON_CHARS, finalize_mails, utcnow
+from mailroom.recognition.finality import MAX_REASON_CHARS, finalize_mails
 from mailroom.recognition.replay import ReplayedJob, replay_job
 from mailroom.settings import RecognitionSettings
 
@@ -256,7 +257,7 @@ async def map_recognition_result(
             verdict = Verdict(
                 "ERROR", reason=f"{exhausted.code}: {exhausted.message}", invalid_result=exhausted
             )
-            return await _write(sessions, job_id, verdict, retry=False, now=now or utcnow())
+            return await _write(sessions, job_id, verdict, retry=False, now=now)
         return await _map(sessions, store, job, job_id, settings=settings, now=now)
     finally:
         # However it ended, this attempt came back: only attempts that died stay counted.
@@ -289,7 +290,7 @@ async def _map(
         else:
             verdict = judge(loaded, service_status=job.status, settings=settings)
     retry = verdict.retryable and job.attempt < settings.automatic_attempts
-    return await _write(sessions, job_id, verdict, retry=retry, now=now or utcnow())
+    return await _write(sessions, job_id, verdict, retry=retry, now=now)
 
 
 async def _write(
@@ -298,9 +299,10 @@ async def _write(
     verdict: Verdict,
     *,
     retry: bool,
-    now: datetime,
+    now: datetime | None,
 ) -> MappingOutcome:
     async with sessions() as session, session.begin():
+        now = now or await db_now(session)
         row = (await session.execute(_LOCK, {"id": job_id})).one()
         if row.mapped_at is not None:  # a parallel mapping of the same job won
             return MappingOutcome(job_id, "already_mapped")
@@ -401,8 +403,8 @@ async def find_unmapped_results(
     now: datetime | None = None,
 ) -> list[uuid.UUID]:
     """Results left unmapped longer than ``unmapped_after_s``: the sweep re-sends these."""
-    before = (now or utcnow()) - timedelta(seconds=settings.unmapped_after_s)
     async with sessions() as session:
+        before = (now or await db_now(session)) - timedelta(seconds=settings.unmapped_after_s)
         rows = await session.execute(
             _UNMAPPED, {"before": before, "limit": settings.sweep_batch_size}
         )
