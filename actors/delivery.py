@@ -13,10 +13,10 @@ from actors import queues
 from actors.resources import Resources, current
 from actors.retry_policy import RetryPolicy
 from mailroom.adapters.redis import DeliveryRedis
-from mailroom.delivery.deliver import Deliverer, DeliveryDeferred
+from mailroom.delivery.deliver import Deliverer
 from mailroom.delivery.producer import readd_pending_messages
 from mailroom.delivery.stale import recover_stale_deliveries as recover_stale
-from mailroom.errors import AppError, PermanentError
+from mailroom.errors import AppError, DeliveryDeferred, PermanentError
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,8 @@ cause (``raise X(...) from exc``); pipelines and actors only ever see these.
     │   ├── MailboxCommandFailed
     │   ├── NatsPublishFailed
     │   ├── LeaseLost
-    │   └── MigrationLockTimeout
+    │   ├── MigrationLockTimeout
+    │   └── DeliveryDeferred
     ├── PermanentError
     │   ├── InvalidPayload
     │   ├── MailboxLoginRejected
@@ -28,6 +29,7 @@ cause (``raise X(...) from exc``); pipelines and actors only ever see these.
     │   ├── CursorNotFound
     │   ├── CursorBusy
     │   ├── ReplayRefused                        (recognition job)
+    │   ├── NotReplayable                        (channel message)
     │   └── ExtractionError
     │       ├── UnreadableFile
     │       ├── EmptyFile
@@ -123,6 +125,15 @@ class MigrationLockTimeout(RetryableError):
     """A migration waited too long for a lock and was rolled back; nothing was applied."""
 
 
+class DeliveryDeferred(RetryableError):
+    """The message is due again later; retry it after ``retry_after_ms``."""
+
+    def __init__(self, message: str | None = None, *, retry_after_ms: int) -> None:
+        super().__init__(message)
+        #: When to run again, read by the retry-policy middleware, in milliseconds.
+        self.retry_after_ms = retry_after_ms
+
+
 # --- Permanent ---------------------------------------------------------------------------
 
 
@@ -172,6 +183,10 @@ class CursorBusy(PermanentError):
 
 class ReplayRefused(PermanentError):
     """This recognition job cannot be replayed."""
+
+
+class NotReplayable(PermanentError):
+    """The channel message is not in a status that can be replayed."""
 
 
 class ExtractionError(PermanentError):

@@ -88,7 +88,8 @@ def replay(
     limit: int = typer.Option(100, "--limit", min=1, help="Most messages replayed by --status."),
 ) -> None:
     """Put failed / uncertain / partially failed messages back to pending (audit-logged)."""
-    from mailroom.delivery.replay import NotReplayable, replay_messages
+    from mailroom.delivery.replay import replay_messages
+    from mailroom.errors import NotReplayable
 
     if (message_id is None) == (status is None):
         raise typer.BadParameter("give exactly one of --id and --status")

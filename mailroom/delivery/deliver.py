@@ -35,6 +35,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from mailroom.adapters.redis import DeliveryRedis, describe_holder
+from mailroom.backoff import backoff
 from mailroom.db import transaction
 from mailroom.delivery import metrics
 from mailroom.delivery.batch import Batch, Claim
@@ -47,7 +48,7 @@ from mailroom.delivery.statements import (
     fenced_update,
     stale_recovered_event,
 )
-from mailroom.errors import LeaseLost, PermanentError, RateLimited, RetryableError
+from mailroom.errors import DeliveryDeferred, LeaseLost, PermanentError, RateLimited, RetryableError
 from mailroom.models import FINAL_MESSAGE_STATUSES
 from mailroom.settings import DeliverySettings
 
@@ -55,15 +56,6 @@ logger = logging.getLogger(__name__)
 
 #: Longest error text stored in ``last_error``.
 MAX_ERROR_CHARS = 500
-
-
-class DeliveryDeferred(RetryableError):
-    """The message is due again later; retry it after ``retry_after_ms``."""
-
-    def __init__(self, message: str | None = None, *, retry_after_ms: int) -> None:
-        super().__init__(message)
-        #: When to run again, read by the retry-policy middleware, in milliseconds.
-        self.retry_after_ms = retry_after_ms
 
 
 class Outcome(StrEnum):
@@ -325,8 +317,13 @@ class Deliverer:
         if claim.attempts >= self.settings.max_attempts:
             error = f"gave up after {claim.attempts} attempts; last error: {_describe(exc)}"
             return await self._fail(claim, plan, error, reason="max_attempts")
-        delay_s = min(self.settings.backoff_base_s * 2**claim.attempts, self.settings.backoff_cap_s)
-        delay_s += self.rng.uniform(0, delay_s / 2)
+        delay_s = backoff(
+            claim.attempts,
+            base=self.settings.backoff_base_s,
+            cap=self.settings.backoff_cap_s,
+            jitter=0.5,
+            rng=self.rng,
+        )
         metrics.FAILED.labels(claim.channel, "retryable").inc()
         return await self._reschedule(claim, plan, exc, delay_s=delay_s, refund=False)
 

@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from mailroom.adapters.redis import DeliveryRedis
 from mailroom.db import transaction
 from mailroom.delivery.producer import enqueue_messages
-from mailroom.errors import PermanentError
+from mailroom.errors import NotReplayable
 from mailroom.models import AuditEvent, ChannelMessage
 from mailroom.settings import DeliverySettings
 
@@ -24,10 +24,6 @@ logger = logging.getLogger(__name__)
 
 #: Statuses an operator may replay.
 REPLAYABLE = ("failed", "uncertain", "partial_failed")
-
-
-class NotReplayable(PermanentError):
-    """The message is not in a status that can be replayed."""
 
 
 async def replay_messages(

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from mailroom.adapters.redis import DeliveryRedis
-from mailroom.delivery.deliver import Deliverer, DeliveryDeferred, Outcome
+from mailroom.delivery.deliver import Deliverer, Outcome
 from mailroom.delivery.locks import LockOwner
 from mailroom.delivery.ports import Envelope
-from mailroom.errors import PermanentError, RetryableError, ServiceUnavailable
+from mailroom.errors import DeliveryDeferred, PermanentError, RetryableError, ServiceUnavailable
 from tests.fixtures.delivery import load_message, make_message
 
 pytestmark = pytest.mark.integration

@@ -12,13 +12,14 @@ import pytest
 from mailroom.adapters.channels import ChannelOutbound
 from mailroom.adapters.channels.middleware import Throttled
 from mailroom.adapters.redis import DeliveryRedis
-from mailroom.delivery.deliver import Deliverer, DeliveryDeferred, Outcome
+from mailroom.delivery.deliver import Deliverer, Outcome
 from mailroom.delivery.locks import LockOwner
 from mailroom.delivery.ports import Envelope
 from mailroom.devtools.stack import free_port
 from mailroom.errors import (
     ChannelRejected,
     ChannelUnavailable,
+    DeliveryDeferred,
     RateLimited,
     UnknownAccount,
     UnknownChannel,
