@@ -30,6 +30,7 @@ cause (``raise X(...) from exc``); pipelines and actors only ever see these.
     │   ├── CursorBusy
     │   ├── ReplayRefused                        (recognition job)
     │   ├── NotReplayable                        (channel message)
+    │   ├── InvalidMessage                       (recognition answer off the contract)
     │   └── ExtractionError
     │       ├── UnreadableFile
     │       ├── EmptyFile
@@ -187,6 +188,16 @@ class ReplayRefused(PermanentError):
 
 class NotReplayable(PermanentError):
     """The channel message is not in a status that can be replayed."""
+
+
+class InvalidMessage(PermanentError):
+    """A recognition answer that is not a contract message (never retried)."""
+
+    def __init__(self, reason: str, job_id: object = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        #: The job id the message named, if any (untrusted: log it with ``short_repr``).
+        self.job_id = job_id
 
 
 class ExtractionError(PermanentError):

@@ -15,6 +15,7 @@ from typing import Literal
 
 from pydantic import ValidationError
 
+from mailroom.errors import InvalidMessage
 from mailroom.recognition.contracts import MSG_ID_HEADER, RecognitionResponse, parse_json_object
 from mailroom.recognition.finality import short_repr
 
@@ -59,10 +60,6 @@ class InboxOutcome:
     error: Exception | None = None
     #: Mails this message made final (``attempts_exhausted``): create their notifications.
     finalized_mail_ids: tuple[int, ...] = ()
-
-
-class InvalidMessage(ValueError):
-    """The body is not a contract message (never retried)."""
 
 
 def check_size(data: bytes, *, max_bytes: int) -> bool:
@@ -111,7 +108,7 @@ def parse_message(message: InboxMessage, *, max_bytes: int) -> Parsed | InboxOut
     try:
         response = parse_response(data)
     except InvalidMessage as exc:
-        reason, job_id = exc.args
+        reason, job_id = exc.reason, exc.job_id
         logger.warning(
             "Rejected recognition message on %r (%d bytes, job_id %s): %s",
             subject,
