@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -54,10 +55,17 @@ class _Record:
 
 
 class WebhookSink:
-    """An HTTP server that accepts every JSON POST with 200 and records it."""
+    """An HTTP server that accepts every JSON POST with 200 and records it.
 
-    def __init__(self, *, port: int = 0, on_receive: Announce | None = None) -> None:
+    ``delay_s`` holds each answer that long after the POST was recorded, as a slow
+    receiver would (fault tests: sends still in flight when something dies).
+    """
+
+    def __init__(
+        self, *, port: int = 0, on_receive: Announce | None = None, delay_s: float = 0.0
+    ) -> None:
         self.port = port or free_port()
+        self.delay_s = delay_s
         self.record = _Record()
         sink = self
 
@@ -78,6 +86,8 @@ class WebhookSink:
                         body=str(payload.get("body", "")),
                     )
                 )
+                if sink.delay_s:
+                    time.sleep(sink.delay_s)
                 self.send_response(200)
                 self.end_headers()
                 if on_receive is not None and not item.duplicate:
