@@ -8,6 +8,12 @@ fenced on the lease; a group's transactions are pipelined to Postgres in one
 round trip. So a poll holds two chunks and three groups of mail at most. The
 IMAP connection is closed on every exit, and a failure to close never replaces
 the error that ended the batch.
+
+Before it parses, a batch counts its attempt (``cursor.count_attempt``): one for
+the whole batch when no earlier attempt was left over, written while the first
+chunk is fetched. When one was (a worker died in an earlier poll), the batch
+reads, parses and commits one mail at a time, counting at each UID first, and
+blocks the cursor at a UID whose attempts ran out without reading it.
 """
 
 from __future__ import annotations
@@ -15,8 +21,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import psycopg
@@ -25,7 +32,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from mailroom.adapters.imap import FetchedMail, Mailbox
 from mailroom.adapters.storage import ObjectStore
 from mailroom.errors import ClaimsExhausted, LeaseLost, MailFailed
-from mailroom.intake.cursor import Claim, adopt_uidvalidity
+from mailroom.intake.cursor import Claim, adopt_uidvalidity, count_attempt
 from mailroom.intake.ingest import (
     Committed,
     PreparedGroup,
@@ -53,6 +60,14 @@ class BatchResult:
     more_waiting: bool = False
 
 
+@dataclass
+class Attempt:
+    """The attempt this batch counted, for the poll to give back however the batch ends."""
+
+    #: The UID it was last counted at; None before the batch counted one.
+    uid: int | None = None
+
+
 @dataclass(frozen=True)
 class BatchContext:
     """Everything one batch works with."""
@@ -63,6 +78,7 @@ class BatchContext:
     sessions: async_sessionmaker[AsyncSession]
     store: ObjectStore
     nudge: Nudge
+    attempt: Attempt = field(default_factory=Attempt)
 
     @property
     def limits(self) -> Limits:
@@ -91,8 +107,6 @@ async def _read_folder(ctx: BatchContext, connection: Mailbox) -> BatchResult:
     above = await adopt_uidvalidity(ctx.sessions, ctx.claim, uidvalidity)
     result = BatchResult(uidvalidity=uidvalidity, highest_uid=above)
     uids = await connection.uids_above(above)
-    if uids and above == ctx.claim.last_uid and ctx.claim.attempts > ctx.intake.max_retries:
-        raise _exhausted(ctx, uids[0], uidvalidity)
     if not uids and ctx.mailbox.idle:
         if await connection.idle(ctx.mailbox.idle_timeout_s):
             logger.debug("Mailbox %s: IDLE announced new mail", ctx.mailbox.name)
@@ -100,76 +114,125 @@ async def _read_folder(ctx: BatchContext, connection: Mailbox) -> BatchResult:
     result.more_waiting = len(uids) > ctx.mailbox.batch_size
     uids = uids[: ctx.mailbox.batch_size]
     if uids:
-        await _ingest_in_order(ctx, connection, uids, result)
+        try:
+            if ctx.claim.attempt_count > 0:
+                logger.warning(
+                    "Mailbox %s: %d earlier attempt(s) ended without an outcome; "
+                    "reading mail by mail from UID %d",
+                    ctx.mailbox.name,
+                    ctx.claim.attempt_count,
+                    uids[0],
+                )
+                await _ingest_one_by_one(ctx, connection, uids, result)
+            else:
+                await _ingest_in_order(ctx, connection, uids, result, above=above)
+        except MailFailed as exc:
+            exc.uidvalidity = result.uidvalidity
+            raise
         result.highest_uid = uids[-1]
     return result
 
 
-def _exhausted(ctx: BatchContext, uid: int, uidvalidity: int) -> MailFailed:
+def _exhausted(ctx: BatchContext, uid: int, deaths: int) -> MailFailed:
     """The mail at ``uid`` took its worker down each time it was read: it is not read again."""
     cause = ClaimsExhausted(
-        f"{ctx.claim.attempts - 1} claims in a row at UID {uid} ended without an outcome "
-        "(the worker died)"
+        f"{deaths} attempts in a row at UID {uid} ended without an outcome (the worker died)"
     )
     failed = MailFailed(uid, None, cause)
-    failed.uidvalidity, failed.exhausted = uidvalidity, True
+    failed.exhausted = True
     return failed
 
 
-async def _ingest_in_order(
+@asynccontextmanager
+async def _pipeline(ctx: BatchContext) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    """One connection for the batch's per-mail transactions: no pool checkout per mail.
+
+    Autocommit: each mail's transaction is spelled out (BEGIN … COMMIT) in the pipeline.
+    """
+    async with _engine(ctx.sessions).connect() as conn:
+        await conn.execution_options(isolation_level="AUTOCOMMIT")
+        pg = (await conn.get_raw_connection()).driver_connection
+        if not isinstance(pg, psycopg.AsyncConnection):
+            raise TypeError("intake needs an engine on psycopg's async driver")
+        try:
+            yield pg
+        except (MailFailed, LeaseLost):
+            raise  # the pipeline ended cleanly: the connection is fine for the pool
+        except BaseException:
+            # Cancelled or failed mid-pipeline, the connection's protocol state is unknown:
+            # close it rather than hand it back to the pool. Transactions Postgres already
+            # has run on; each is whole and fenced, and the cursor row says how far they got.
+            await conn.invalidate()
+            raise
+
+
+async def _ingest_one_by_one(
     ctx: BatchContext, connection: Mailbox, uids: list[int], result: BatchResult
 ) -> None:
-    chunks = await _fetch_chunks(ctx.intake, connection, uids)
+    """Read, parse and commit one mail at a time, each counted at its UID before it is read.
+
+    So when a worker dies, the count stays at the mail it died on, and the mails
+    before it are stored.
+    """
+    async with _pipeline(ctx) as pg:
+        for uid in uids:
+            count = await count_attempt(ctx.sessions, ctx.claim, uid)
+            ctx.attempt.uid = uid
+            if count > ctx.intake.max_retries:
+                raise _exhausted(ctx, uid, count - 1)
+            mails = await connection.fetch([uid])
+            prepared = await prepare_group(mails, store=ctx.store, limits=ctx.limits)
+            await _commit(ctx, pg, prepared, result)
+
+
+async def _count_batch(ctx: BatchContext, above: int) -> None:
+    """The batch's one attempt, at the UID it reads above: it blames no mail."""
+    await count_attempt(ctx.sessions, ctx.claim, above)
+    ctx.attempt.uid = above
+
+
+async def _ingest_in_order(
+    ctx: BatchContext, connection: Mailbox, uids: list[int], result: BatchResult, *, above: int
+) -> None:
+    # The attempt is written while the first chunk is fetched, and before any mail is parsed.
+    counting: asyncio.Task[None] | None = asyncio.create_task(_count_batch(ctx, above))
     window: deque[asyncio.Task[PreparedGroup]] = deque()
-    fetching: asyncio.Task[list[FetchedMail]] | None = asyncio.create_task(
-        connection.fetch(chunks[0])
-    )
+    fetching: asyncio.Task[list[FetchedMail]] | None = None
     try:
-        # One connection for the batch's per-mail transactions: no pool checkout per mail.
-        # Autocommit: each mail's transaction is spelled out (BEGIN … COMMIT) in the pipeline.
-        async with _engine(ctx.sessions).connect() as conn:
-            await conn.execution_options(isolation_level="AUTOCOMMIT")
-            pg = (await conn.get_raw_connection()).driver_connection
-            if not isinstance(pg, psycopg.AsyncConnection):
-                raise TypeError("intake needs an engine on psycopg's async driver")
-            try:
-                for index in range(len(chunks)):
-                    assert fetching is not None
-                    mails = await fetching
-                    # One IMAP command at a time: the next chunk is read while this one is ingested.
-                    fetching = (
-                        asyncio.create_task(connection.fetch(chunks[index + 1]))
-                        if index + 1 < len(chunks)
-                        else None
-                    )
-                    groups = bounded_runs(
-                        mails,
-                        lambda mail: len(mail.raw),
-                        max_items=ctx.intake.commit_group,
-                        max_bytes=GROUP_BYTES,
-                    )
-                    for group in groups:
-                        prepare = prepare_group(group, store=ctx.store, limits=ctx.limits)
-                        window.append(asyncio.create_task(prepare))
-                        if len(window) > GROUPS_AHEAD:
-                            await _commit_next(ctx, pg, window, result)
-                while window:
-                    await _commit_next(ctx, pg, window, result)
-            except (MailFailed, LeaseLost):
-                raise  # the pipeline ended cleanly: the connection is fine for the pool
-            except BaseException:
-                # Cancelled or failed mid-pipeline, the connection's protocol state is unknown:
-                # close it rather than hand it back to the pool. Transactions Postgres already
-                # has run on; each is whole and fenced, and the cursor row says how far they got.
-                await conn.invalidate()
-                raise
-    except MailFailed as exc:
-        exc.uidvalidity = result.uidvalidity
-        raise
+        chunks = await _fetch_chunks(ctx.intake, connection, uids)
+        fetching = asyncio.create_task(connection.fetch(chunks[0]))
+        async with _pipeline(ctx) as pg:
+            for index in range(len(chunks)):
+                assert fetching is not None
+                mails = await fetching
+                # One IMAP command at a time: the next chunk is read while this one is ingested.
+                fetching = (
+                    asyncio.create_task(connection.fetch(chunks[index + 1]))
+                    if index + 1 < len(chunks)
+                    else None
+                )
+                if counting is not None:
+                    await counting
+                    counting = None
+                groups = bounded_runs(
+                    mails,
+                    lambda mail: len(mail.raw),
+                    max_items=ctx.intake.commit_group,
+                    max_bytes=GROUP_BYTES,
+                )
+                for group in groups:
+                    prepare = prepare_group(group, store=ctx.store, limits=ctx.limits)
+                    window.append(asyncio.create_task(prepare))
+                    if len(window) > GROUPS_AHEAD:
+                        await _commit_next(ctx, pg, window, result)
+            while window:
+                await _commit_next(ctx, pg, window, result)
     finally:
         pending: list[asyncio.Task[Any]] = list(window)
         if fetching is not None:
             pending.append(fetching)
+        if counting is not None:
+            pending.append(counting)
         for leftover in pending:
             leftover.cancel()
         if pending:
@@ -239,6 +302,15 @@ async def _commit_next(
 ) -> None:
     prepared = await window[0]
     window.popleft()
+    await _commit(ctx, pg, prepared, result)
+
+
+async def _commit(
+    ctx: BatchContext,
+    pg: psycopg.AsyncConnection[Any],
+    prepared: PreparedGroup,
+    result: BatchResult,
+) -> None:
     if prepared.mails:
         outcome = await commit_group(pg, ctx.claim, prepared.mails, uidvalidity=result.uidvalidity)
         if _count(ctx, prepared.mails, outcome.committed, result):

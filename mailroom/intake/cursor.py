@@ -1,4 +1,4 @@
-"""The mailbox cursor's state transitions: claim, renew, fail, block, finish.
+"""The mailbox cursor's state transitions: claim, renew, count, fail, block, finish.
 
 A poll owns a cursor through its ``lease_id``. Every write after the claim
 matches on that id, so a worker whose lease was taken over (expired, or reset
@@ -7,11 +7,21 @@ raised (the per-mail fence lives with the mail's transaction in ``ingest``).
 ``retry_count`` and ``next_retry_at`` carry the backoff between polls.
 
 A mail that kills its worker (OOM, a segfault, ``os._exit``) records no failure,
-so ``retry_count`` never moves. Each claim therefore counts an attempt at the
-cursor's ``last_uid`` (``attempt_uid``, ``attempt_count``) before the batch; a
-batch that ends in any recorded way clears it, and progress past the UID starts
-it over. A claim past ``max_retries`` attempts at the same UID makes the batch
-block the cursor at the first UID above it without reading that mail.
+so ``retry_count`` never moves; ``attempt_uid`` and ``attempt_count`` count the
+attempts that never came back. Nothing is counted at the claim or while a poll
+waits in IDLE: only a poll that found new UIDs counts, just before it parses
+(``count_attempt``). With no attempt left over, the poll counts one at the UID
+it reads above (a group attempt: it says a death happened somewhere in the
+poll, never which mail) and ingests in groups. With one left over, it reads and
+commits mail by mail, counting at each UID before parsing it, so what stays
+counted is the exact mail a worker died on; once ``max_retries`` attempts at
+one UID did not come back, the next poll blocks the cursor at that UID without
+reading the mail. A poll that ends in any recorded way (stored, failed,
+cancelled, lease lost) gives its own attempt back (``give_back_attempt``, or
+the failure's or finish's write), so only deaths stay counted. A death still
+charges whatever attempt its process had in flight, but a group attempt only
+makes the next poll go mail by mail: only deaths at one UID, mail by mail,
+block a cursor.
 """
 
 from __future__ import annotations
@@ -21,9 +31,10 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import ColumnElement, and_, func, select, update
+from sqlalchemy import ColumnElement, and_, case, func, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.orm import InstrumentedAttribute
 
 from mailroom.backoff import backoff
 from mailroom.clock import DbClock, db_now
@@ -51,8 +62,9 @@ class Claim:
     uidvalidity: int | None
     last_uid: int
     retry_count: int
-    #: Claims at ``last_uid`` in a row that never came back, this one included.
-    attempts: int = 1
+    #: Attempts left over by earlier polls that never came back, and the UID of the last one.
+    attempt_uid: int | None = None
+    attempt_count: int = 0
 
     @property
     def target(self) -> str:
@@ -102,10 +114,6 @@ async def claim_cursor(
                 folder,
                 cursor.lease_id,
             )
-        if cursor.attempt_uid == cursor.last_uid:
-            cursor.attempt_count += 1
-        else:
-            cursor.attempt_uid, cursor.attempt_count = cursor.last_uid, 1
         lease_id = uuid.uuid4()
         cursor.status = "processing"
         cursor.lease_id = lease_id
@@ -119,7 +127,8 @@ async def claim_cursor(
             uidvalidity=cursor.uidvalidity,
             last_uid=cursor.last_uid,
             retry_count=cursor.retry_count,
-            attempts=cursor.attempt_count,
+            attempt_uid=cursor.attempt_uid,
+            attempt_count=cursor.attempt_count,
         )
 
 
@@ -127,19 +136,57 @@ def _owned(claim: Claim) -> ColumnElement[bool]:
     return and_(MailboxCursor.id == claim.cursor_id, MailboxCursor.lease_id == claim.lease_id)
 
 
-async def forget_attempt(sessions: async_sessionmaker[AsyncSession], claim: Claim) -> None:
-    """Uncount this claim's attempt (its worker lives on); best effort, the lease stays."""
+async def count_attempt(sessions: async_sessionmaker[AsyncSession], claim: Claim, uid: int) -> int:
+    """Count an attempt at ``uid`` before it is parsed; the attempts there in a row, this one too.
+
+    An attempt at another UID than the last one counted starts over at one.
+    """
+    async with transaction(sessions) as session:
+        count = await session.scalar(
+            update(MailboxCursor)
+            .where(_owned(claim))
+            .values(
+                attempt_count=case(
+                    (MailboxCursor.attempt_uid == uid, MailboxCursor.attempt_count + 1), else_=1
+                ),
+                attempt_uid=uid,
+            )
+            .returning(MailboxCursor.attempt_count)
+        )
+    if count is None:
+        raise LeaseLost(f"mailbox {claim.mailbox}: lease lost before UID {uid}")
+    return int(count)
+
+
+def _without(uid: int) -> ColumnElement[int]:
+    """``attempt_count`` less the attempt this poll counted at ``uid``."""
+    return case(
+        (
+            MailboxCursor.attempt_uid == uid,
+            func.greatest(MailboxCursor.attempt_count - 1, 0),
+        ),
+        else_=MailboxCursor.attempt_count,
+    )
+
+
+async def give_back_attempt(
+    sessions: async_sessionmaker[AsyncSession], claim: Claim, uid: int
+) -> None:
+    """Uncount the attempt this poll counted at ``uid`` (its worker lives on); best effort.
+
+    Not fenced on the lease, so a poll whose lease was lost gives its attempt back
+    too: a decrement at the same UID keeps the count right whatever the next
+    owner counted meanwhile. The lease stays.
+    """
     try:
         async with transaction(sessions) as session:
             await session.execute(
                 update(MailboxCursor)
-                .where(_owned(claim))
-                .values(attempt_count=func.greatest(MailboxCursor.attempt_count - 1, 0))
+                .where(MailboxCursor.id == claim.cursor_id)
+                .values(attempt_count=_without(uid))
             )
     except Exception:
-        logger.warning(
-            "Mailbox %s: could not clear the attempt count", claim.mailbox, exc_info=True
-        )
+        logger.warning("Mailbox %s: could not give the attempt back", claim.mailbox, exc_info=True)
 
 
 async def renew_lease(
@@ -171,7 +218,8 @@ async def adopt_uidvalidity(
     async with transaction(sessions) as session:
         values: dict[str, object] = {"uidvalidity": uidvalidity, "updated_at": func.now()}
         if changed:
-            values["last_uid"] = 0
+            # Attempts left over at the old numbering say nothing about the new one's UIDs.
+            values.update(last_uid=0, attempt_count=0)
         stored = await session.scalar(
             update(MailboxCursor).where(_owned(claim)).values(**values).returning(MailboxCursor.id)
         )
@@ -208,16 +256,21 @@ class Failure:
     next_retry_at: datetime | None
 
 
-async def _count_failure(session: AsyncSession, claim: Claim, what: str) -> int:
+async def _count_failure(
+    session: AsyncSession,
+    claim: Claim,
+    what: str,
+    attempts: ColumnElement[int] | InstrumentedAttribute[int] | int,
+) -> int:
     """One more failure on the cursor we lease; LeaseLost when the lease is gone.
 
-    The attempt came back (it is recording its end), so its claim stops counting:
-    ``retry_count`` bounds the failures that are recorded.
+    The attempt came back (it is recording its end), so it stops counting
+    (``attempts``): ``retry_count`` bounds the failures that are recorded.
     """
     count = await session.scalar(
         update(MailboxCursor)
         .where(_owned(claim))
-        .values(retry_count=MailboxCursor.retry_count + 1, attempt_count=0)
+        .values(retry_count=MailboxCursor.retry_count + 1, attempt_count=attempts)
         .returning(MailboxCursor.retry_count)
     )
     if count is None:
@@ -240,12 +293,13 @@ async def record_mail_failure(
 ) -> Failure:
     """Back off (or block) the cursor at ``uid``, record the attempt on the mail, release the lease.
 
-    ``exhausted``: the claims at this UID ran out (workers died on it): block at once.
+    ``exhausted``: the attempts at this UID ran out (workers died on it): block at once.
+    The mail's failure is recorded at its UID, so the attempts counted there are cleared.
     """
     text = describe_error(error)
     async with transaction(sessions) as session:
         now = await clock(session)
-        count = await _count_failure(session, claim, f"UID {uid}")
+        count = await _count_failure(session, claim, f"UID {uid}", 0)
         blocked = exhausted or count >= max_retries
         retry_at = (
             None
@@ -312,12 +366,18 @@ async def record_batch_failure(
     *,
     error: BaseException,
     max_backoff_s: float,
+    counted: int | None = None,
     clock: DbClock = db_now,
 ) -> Failure:
-    """Back the cursor off after a batch that could not run (IMAP down, login refused)."""
+    """Back the cursor off after a batch that could not run (IMAP down, login refused).
+
+    ``counted``: the UID this poll counted its attempt at, given back here; attempts
+    left over by dead workers stay (the batch never got to their mail).
+    """
     async with transaction(sessions) as session:
         now = await clock(session)
-        count = await _count_failure(session, claim, "a failure")
+        attempts = MailboxCursor.attempt_count if counted is None else _without(counted)
+        count = await _count_failure(session, claim, "a failure", attempts)
         retry_at = now + timedelta(seconds=backoff_s(count, max_backoff_s=max_backoff_s))
         await session.execute(
             update(MailboxCursor)

@@ -73,7 +73,7 @@ async def _locked_cursor(session: AsyncSession, mailbox: str, folder: str | None
 def _clear_failure(cursor: MailboxCursor, now: datetime) -> None:
     cursor.status = "idle"
     cursor.retry_count = 0
-    cursor.attempt_count = 0  # else the next claim at the blocked UID would block it again
+    cursor.attempt_count = 0  # else the next poll would block it again at the same UID
     cursor.next_retry_at = None
     cursor.blocked_uid = None
     cursor.blocked_message_id = None

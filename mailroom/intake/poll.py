@@ -95,17 +95,19 @@ async def poll_mailbox(name: str, *, settings: IntakeSettings, deps: IntakeDeps)
             name=f"mailbox {name}",
         )
     except LeaseLost as exc:
+        await _give_back(ctx, deps)
         return _lease_lost(name, exc)
     except MailFailed as exc:
-        return await _mail_failed(claim, settings, deps, exc)
+        return await _mail_failed(ctx, settings, deps, exc)
     except Exception as exc:  # the batch could not run: IMAP down, login refused, fetch error
-        return await _batch_failed(claim, settings, deps, exc)
+        return await _batch_failed(ctx, settings, deps, exc)
     except BaseException:  # cancelled (the worker stops): not an attempt that killed a worker
-        await cursors.forget_attempt(deps.sessions, claim)
+        await _give_back(ctx, deps)
         raise
     try:
         await cursors.finish_batch(deps.sessions, claim, highest_uid=result.highest_uid)
     except LeaseLost as exc:
+        await _give_back(ctx, deps)
         return _lease_lost(name, exc)
     if result.ingested or result.duplicates:
         logger.info(
@@ -120,14 +122,21 @@ async def poll_mailbox(name: str, *, settings: IntakeSettings, deps: IntakeDeps)
     return PollOutcome(name, "done", result=result)
 
 
+async def _give_back(ctx: BatchContext, deps: IntakeDeps) -> None:
+    """The batch came back without recording its end: uncount its attempt, if it counted one."""
+    if ctx.attempt.uid is not None:
+        await cursors.give_back_attempt(deps.sessions, ctx.claim, ctx.attempt.uid)
+
+
 def _lease_lost(name: str, exc: LeaseLost) -> PollOutcome:
     logger.warning("Mailbox %s: lease lost, batch abandoned: %s", name, exc)
     return PollOutcome(name, "lease_lost", str(exc))
 
 
 async def _mail_failed(
-    claim: Claim, settings: IntakeSettings, deps: IntakeDeps, exc: MailFailed
+    ctx: BatchContext, settings: IntakeSettings, deps: IntakeDeps, exc: MailFailed
 ) -> PollOutcome:
+    claim = ctx.claim
     _log_failure(claim.mailbox, f"UID {exc.uid} failed", exc.cause)
     try:
         failure = await cursors.record_mail_failure(
@@ -143,6 +152,7 @@ async def _mail_failed(
             exhausted=exc.exhausted,
         )
     except LeaseLost as lost:
+        await _give_back(ctx, deps)
         return _lease_lost(claim.mailbox, lost)
     if failure.status == "blocked":
         logger.error(
@@ -164,14 +174,21 @@ def _uidvalidity(claim: Claim, exc: MailFailed) -> int:
 
 
 async def _batch_failed(
-    claim: Claim, settings: IntakeSettings, deps: IntakeDeps, exc: Exception
+    ctx: BatchContext, settings: IntakeSettings, deps: IntakeDeps, exc: Exception
 ) -> PollOutcome:
+    claim = ctx.claim
     _log_failure(claim.mailbox, "batch failed", exc)
     try:
         failure = await cursors.record_batch_failure(
-            deps.sessions, claim, error=exc, max_backoff_s=settings.max_backoff_s, clock=deps.clock
+            deps.sessions,
+            claim,
+            error=exc,
+            max_backoff_s=settings.max_backoff_s,
+            counted=ctx.attempt.uid,
+            clock=deps.clock,
         )
     except LeaseLost as lost:
+        await _give_back(ctx, deps)
         return _lease_lost(claim.mailbox, lost)
     logger.info(
         "Mailbox %s: retry %d not before %s",
