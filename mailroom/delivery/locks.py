@@ -69,18 +69,34 @@ class BatchLease:
 
     ``renew(ids)`` extends the locks of ``ids`` in one round trip and returns the
     ids it extended; it runs every ``interval_s`` for every lock still held. A
-    lock that was not extended (taken over, expired, or the renewal failed) is
-    lost: the message's send running under ``guard`` is cancelled and raises
-    ``LeaseLost``. Use as ``async with``: the renewer stops on exit.
+    lock that was not extended (taken over or expired) is lost: the message's
+    send running under ``guard`` is cancelled and raises ``LeaseLost``.
+
+    A renewal that fails (Redis unreachable) says nothing about the locks: until
+    ``ttl_s`` has passed since a lock was last taken or extended, nobody else can
+    hold it, so its send goes on and the next renewal tries again; after that
+    the lock counts as lost. Cancelling earlier would only cut off sends that
+    may have reached the provider already, leaving their outcome unknown: a
+    re-send or ``uncertain`` for a message that was sent. Use as ``async with``:
+    the renewer stops on exit.
     """
 
     def __init__(
-        self, renew: Callable[[list[int]], Awaitable[set[int]]], *, interval_s: float
+        self,
+        renew: Callable[[list[int]], Awaitable[set[int]]],
+        *,
+        interval_s: float,
+        ttl_s: float | None = None,
     ) -> None:
         self._renew = renew
         self.interval_s = interval_s
+        #: How long a lock lives after it was taken or extended (the renewer runs at TTL/3).
+        self.ttl_s = ttl_s if ttl_s is not None else 3 * interval_s
         #: Locks renewed until ``release``.
         self.held: set[int] = set()
+        #: When each held lock was last taken or extended, by ``time.monotonic()``: the start
+        #: of that call, so its expiry is no earlier than this plus ``ttl_s``.
+        self._extended_at: dict[int, float] = {}
         self._lost: dict[int, str] = {}
         self._sending: dict[int, asyncio.Future[Any]] = {}
         self._renewer: asyncio.Task[None] | None = None
@@ -96,11 +112,16 @@ class BatchLease:
                 await self._renewer
 
     def hold(self, message_ids: Iterable[int]) -> None:
-        self.held.update(message_ids)
+        """Renew the locks of ``message_ids``, just taken, until ``release``."""
+        now = time.monotonic()
+        for message_id in message_ids:
+            self.held.add(message_id)
+            self._extended_at[message_id] = now
 
     def release(self, message_id: int) -> None:
         """Stop renewing (call before the lock is deleted, so a renewal racing it is no loss)."""
         self.held.discard(message_id)
+        self._extended_at.pop(message_id, None)
 
     def lost(self, message_id: int) -> str | None:
         """Why the lock of ``message_id`` was lost, or None while it is held."""
@@ -134,20 +155,31 @@ class BatchLease:
             ids = sorted(self.held)
             if not ids:
                 continue
+            started = time.monotonic()
             try:
                 kept = await self._renew(ids)
-                reason = "lock taken over or expired"
             except Exception as exc:
-                kept, reason = set(), f"renewal failed: {type(exc).__name__}: {exc}"
-            for message_id in ids:
-                # Released meanwhile (settled): the lock is gone on purpose.
-                if message_id in kept or message_id not in self.held:
-                    continue
-                self.held.discard(message_id)
-                self._lost[message_id] = reason
-                sending = self._sending.get(message_id)
-                if sending is not None:
-                    sending.cancel()
+                # Unknown, not lost: only a lock that may have expired by now is given up.
+                now = time.monotonic()
+                expired = [mid for mid in ids if now - self._extended_at.get(mid, 0) >= self.ttl_s]
+                self._lose(expired, f"renewal failed: {type(exc).__name__}: {exc}")
+                continue
+            for message_id in kept:
+                if message_id in self.held:
+                    self._extended_at[message_id] = started
+            self._lose([mid for mid in ids if mid not in kept], "lock taken over or expired")
+
+    def _lose(self, message_ids: Iterable[int], reason: str) -> None:
+        for message_id in message_ids:
+            # Released meanwhile (settled): the lock is gone on purpose.
+            if message_id not in self.held:
+                continue
+            self.held.discard(message_id)
+            self._extended_at.pop(message_id, None)
+            self._lost[message_id] = reason
+            sending = self._sending.get(message_id)
+            if sending is not None:
+                sending.cancel()
 
 
 async def run_under_lease(

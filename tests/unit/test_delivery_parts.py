@@ -295,6 +295,40 @@ async def test_batch_lease_loses_one_message_without_touching_its_neighbours():
     assert renewed and all(3 not in ids for ids in renewed)
 
 
+async def test_batch_lease_sends_on_through_failed_renewals_while_the_lock_may_be_ours():
+    # Redis unreachable for two renewals: the lock (TTL 3 intervals) was ours all along.
+    calls: list[list[int]] = []
+
+    async def renew(ids):
+        calls.append(ids)
+        if len(calls) <= 2:
+            raise ConnectionError("redis restarting")
+        return set(ids)
+
+    async def work():
+        await asyncio.sleep(0.25)
+        return "sent"
+
+    async with BatchLease(renew, interval_s=0.05) as lease:
+        lease.hold([1])
+        assert await lease.guard(1, work()) == "sent"
+        assert lease.lost(1) is None
+    assert len(calls) >= 3
+
+
+async def test_batch_lease_gives_a_lock_up_once_failed_renewals_outlast_its_ttl():
+    async def renew(ids):
+        raise ConnectionError("redis gone")
+
+    async with BatchLease(renew, interval_s=0.02, ttl_s=0.1) as lease:
+        held_at = asyncio.get_running_loop().time()
+        lease.hold([1])
+        with pytest.raises(LeaseLost, match="renewal failed"):
+            await lease.guard(1, asyncio.sleep(5))
+        assert asyncio.get_running_loop().time() - held_at >= 0.1
+        assert 1 not in lease.held
+
+
 def test_payload_decoding_matches_the_contract_for_odd_values():
     assert decode_payload(b'{"message_id": 5}') == 5
     assert decode_payload('{"message_id": "5"}') == StreamEntry(message_id=5).message_id
