@@ -222,13 +222,15 @@ class ImapMailbox:
     async def fetch(self, uids: list[int]) -> list[FetchedMail]:
         if not uids:
             return []
+        # BODY.PEEK[]: the whole mail, like RFC822, without setting \Seen on a mailbox that
+        # people may read too. The answer comes back as BODY[].
         data = await self._call(
-            "UID FETCH", self._require().fetch, uids, ["RFC822", "INTERNALDATE"]
+            "UID FETCH", self._require().fetch, uids, ["BODY.PEEK[]", "INTERNALDATE"]
         )
         mails = []
         for uid in sorted(data):
             item = data[uid]
-            raw = item.get(b"RFC822")
+            raw = item.get(b"BODY[]")
             if raw is None:  # expunged between SEARCH and FETCH
                 continue
             mails.append(FetchedMail(int(uid), bytes(raw), _aware(item.get(b"INTERNALDATE"))))
