@@ -38,8 +38,17 @@ NAMING_CONVENTION = {
 CURSOR_STATUSES = ("idle", "processing", "failed", "blocked")
 MAIL_STATUSES = ("received", "stored", "failed", "final")
 BUCKET_ROLES = ("mail", "incoming", "results")
-FILE_STATUSES = ("UPLOADED", "PROCESSING", "RECOGNIZED", "NEEDS_CHECK", "ERROR", "SKIPPED")
-FINAL_FILE_STATUSES = ("RECOGNIZED", "NEEDS_CHECK", "ERROR", "SKIPPED")
+#: CONTAINER: a forwarded mail or winmail.dat, stored whole; its files are rows of their own.
+FILE_STATUSES = (
+    "UPLOADED",
+    "PROCESSING",
+    "RECOGNIZED",
+    "NEEDS_CHECK",
+    "ERROR",
+    "SKIPPED",
+    "CONTAINER",
+)
+FINAL_FILE_STATUSES = ("RECOGNIZED", "NEEDS_CHECK", "ERROR", "SKIPPED", "CONTAINER")
 PIPELINES = ("tabular", "image")
 JOB_STATUSES = (
     "queued",
@@ -175,6 +184,12 @@ class StoredFile(Base):
     status_reason: Mapped[str | None] = mapped_column(Text)
     #: Not a foreign key: job and file point at each other.
     current_recognition_job_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
+    #: The container (forwarded mail, winmail.dat) this file was extracted from.
+    parent_file_id: Mapped[int | None] = mapped_column(ForeignKey("stored_file.id"))
+    #: Where the file sits in its mail: ``forwarded.eml/invoice.csv``.
+    source_path: Mapped[str | None] = mapped_column(Text)
+    #: Which rule decided ``file_type``: extension, media_type or content.
+    type_rule: Mapped[str | None] = mapped_column(String(20))
     created_at: Mapped[datetime] = _now()
     updated_at: Mapped[datetime] = _now()
 

@@ -210,6 +210,9 @@ class MailboxSettings(StrictModel):
     idle_timeout_s: float = 10.0
     #: Connect and read timeout of the IMAP socket, in seconds.
     timeout_s: float = 30.0
+    #: Store images shown in the HTML body (by Content-ID) and images under
+    #: intake.min_image_bytes without sending them to recognition; false recognizes them too.
+    skip_inline_images: bool = True
 
     @model_validator(mode="before")
     @classmethod
@@ -227,6 +230,12 @@ class IntakeSettings(StrictModel):
     max_attachment_bytes: int = 25 * 1024 * 1024
     max_mail_bytes: int = 50 * 1024 * 1024
     max_attachments: int = 100
+    #: How deep forwarded mails (.eml, message/rfc822) and winmail.dat are opened for their
+    #: files; 0 stores them whole, unopened.
+    max_nesting: int = 3
+    #: Images smaller than this are logos and icons, not documents (see a mailbox's
+    #: skip_inline_images), in bytes.
+    min_image_bytes: int = 4096
     #: Mails per IMAP FETCH command.
     fetch_chunk: int = 50
     #: Bytes per IMAP FETCH command: mails over fetch_chunk_bytes / fetch_chunk are fetched alone.

@@ -82,11 +82,7 @@ class BatchContext:
 
     @property
     def limits(self) -> Limits:
-        return Limits(
-            max_attachment_bytes=self.intake.max_attachment_bytes,
-            max_mail_bytes=self.intake.max_mail_bytes,
-            max_attachments=self.intake.max_attachments,
-        )
+        return Limits.for_mailbox(self.intake, self.mailbox)
 
 
 async def run_batch(ctx: BatchContext, connection: Mailbox) -> BatchResult:

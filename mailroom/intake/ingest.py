@@ -175,6 +175,9 @@ def _mail_write(claim: Claim, prepared: PreparedMail, *, uidvalidity: int) -> Ma
         if ref is not None:
             objects.setdefault((ref.bucket, ref.key), _object_row(ref, "incoming"))
         recognizable = attachment.pipeline is not None and attachment.skip_reason is None
+        status, reason = "UPLOADED" if recognizable else "SKIPPED", attachment.skip_reason
+        if attachment.container_reason is not None:
+            status, reason = "CONTAINER", attachment.container_reason
         files.append(
             FileRow(
                 position=position,
@@ -184,10 +187,13 @@ def _mail_write(claim: Claim, prepared: PreparedMail, *, uidvalidity: int) -> Ma
                 file_type=attachment.file_type,
                 media_type=attachment.media_type,
                 size=attachment.size,
-                status="UPLOADED" if recognizable else "SKIPPED",
-                status_reason=attachment.skip_reason,
+                status=status,
+                status_reason=reason,
                 job_id=uuid.uuid4() if recognizable else None,
                 pipeline=attachment.pipeline if recognizable else None,
+                parent_position=attachment.parent,
+                source_path=attachment.path or attachment.name,
+                type_rule=attachment.type_rule,
             )
         )
     return MailWrite(

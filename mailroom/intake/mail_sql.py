@@ -12,6 +12,8 @@ client work, not by Postgres). The data-modifying CTEs run on one snapshot:
   RETURNING yields rows registered before too, like ``register_object``);
 - ``mail`` inserts the row, or completes the row of earlier failed attempts,
   and yields nothing when the UID is already stored;
+- ``numbered`` draws the files' ids in order, so a file extracted from a forwarded
+  mail or winmail.dat can point at its container's row (``parent_file_id``);
 - ``files`` and ``jobs`` follow; foreign keys are checked at the statement's end.
 """
 
@@ -77,18 +79,28 @@ WITH fence AS (
         next_retry_at = NULL
     WHERE inbound_mail.status = 'failed'
     RETURNING id
+), numbered AS MATERIALIZED (
+    -- Ids drawn first, in position order, so a file can name its container's id.
+    SELECT nextval(pg_get_serial_sequence('stored_file', 'id')) AS id, f.*
+    FROM (
+        SELECT mail.id AS mail_id, f.*
+        FROM mail
+        CROSS JOIN jsonb_to_recordset(CAST(%(files)s AS jsonb)) AS f(
+            position integer, bucket text, key text, original_name text, file_type text,
+            media_type text, size bigint, status text, status_reason text, job_id uuid,
+            parent_position integer, source_path text, type_rule text
+        )
+        ORDER BY f.position
+    ) AS f
 ), files AS (
     INSERT INTO stored_file (
-        mail_id, object_id, original_name, file_type, media_type, size, status,
-        status_reason, current_recognition_job_id
+        id, mail_id, object_id, original_name, file_type, media_type, size, status,
+        status_reason, current_recognition_job_id, parent_file_id, source_path, type_rule
     )
-    SELECT mail.id, objects.id, f.original_name, f.file_type, f.media_type, f.size, f.status,
-        f.status_reason, f.job_id
-    FROM mail
-    CROSS JOIN jsonb_to_recordset(CAST(%(files)s AS jsonb)) AS f(
-        position integer, bucket text, key text, original_name text, file_type text,
-        media_type text, size bigint, status text, status_reason text, job_id uuid
-    )
+    SELECT f.id, f.mail_id, objects.id, f.original_name, f.file_type, f.media_type, f.size,
+        f.status, f.status_reason, f.job_id, parent.id, f.source_path, f.type_rule
+    FROM numbered AS f
+    LEFT JOIN numbered AS parent ON parent.position = f.parent_position
     LEFT JOIN objects ON objects.bucket = f.bucket AND objects.key = f.key
     ORDER BY f.position
     RETURNING id, current_recognition_job_id
@@ -137,6 +149,12 @@ class FileRow:
     status_reason: str | None
     job_id: uuid.UUID | None
     pipeline: str | None
+    #: ``position`` of the container the file came out of; None for the mail's own parts.
+    parent_position: int | None = None
+    #: Where the file sits in the mail: ``forwarded.eml/invoice.csv``.
+    source_path: str | None = None
+    #: The rule that decided ``file_type``: extension, media_type or content.
+    type_rule: str | None = None
 
 
 def _json(rows: list[dict[str, Any]]) -> str:

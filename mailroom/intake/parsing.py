@@ -2,9 +2,12 @@
 
 Stdlib ``email`` with its ``compat32`` policy (ten times faster than
 ``policy.default`` on small mails, which matters at hundreds of mails a second);
-RFC 2047 words are decoded here and RFC 2231 names by ``get_filename``. Mail is untrusted: every header read tolerates malformed or
-non-UTF-8 input, names lose path parts and control characters, and the size
-and count limits decide which attachments are stored at all.
+RFC 2047 words are decoded here and RFC 2231 names by ``get_filename``. Mail is
+untrusted: every header read tolerates malformed or non-UTF-8 input (bytes no
+charset explains become U+FFFD), names lose path parts and control characters,
+and the size and count limits decide which attachments are stored at all.
+Forwarded mails and winmail.dat are opened (``containers``) down to a depth
+limit, each file recording the container it came from.
 """
 
 from __future__ import annotations
@@ -16,46 +19,30 @@ from email import policy
 from email.header import Header, decode_header
 from email.message import Message
 from email.utils import collapse_rfc2231_value, getaddresses
-from pathlib import PurePosixPath
+from typing import TYPE_CHECKING
+from urllib.parse import unquote
 
 from mailroom.adapters.storage import sha256_hex
+from mailroom.intake.containers import open_container
+from mailroom.intake.filetypes import (
+    IMAGE_TYPES,
+    MEDIA_EXTENSIONS,
+    RECOGNIZABLE,
+    classify,
+    extension,
+)
+
+if TYPE_CHECKING:
+    from mailroom.settings import IntakeSettings, MailboxSettings
+
+__all__ = ["MEDIA_EXTENSIONS", "RECOGNIZABLE", "classify", "parse_mail", "safe_name"]
 
 #: Longest stored file name, in characters (``stored_file.original_name`` is 255).
 MAX_NAME_CHARS = 200
+#: Longest recorded path of a file inside its containers, in characters.
+MAX_PATH_CHARS = 1000
 #: Longest header value kept, in characters.
 MAX_HEADER_CHARS = 2000
-#: Longest extension kept in a name or key, in characters.
-MAX_EXTENSION_CHARS = 10
-
-#: Extension → (file type, pipeline); types missing here are stored as SKIPPED.
-RECOGNIZABLE: dict[str, tuple[str, str]] = {
-    "csv": ("csv", "tabular"),
-    "tsv": ("tsv", "tabular"),
-    "xlsx": ("xlsx", "tabular"),
-    "xls": ("xls", "tabular"),
-    # Plain-text documents ("Key: Value" lines) go to the tabular pipeline too; the reference
-    # recognizer reads them. Users send notes that way.
-    "txt": ("txt", "tabular"),
-    "pdf": ("pdf", "image"),
-    "png": ("png", "image"),
-    "jpeg": ("jpeg", "image"),
-    "jpg": ("jpeg", "image"),
-    "tiff": ("tiff", "image"),
-    "tif": ("tiff", "image"),
-}
-
-#: Media type → extension, for parts whose name says nothing.
-MEDIA_EXTENSIONS: dict[str, str] = {
-    "text/csv": "csv",
-    "text/tab-separated-values": "tsv",
-    "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet": "xlsx",
-    "application/vnd.ms-excel": "xls",
-    "application/pdf": "pdf",
-    "image/png": "png",
-    "image/jpeg": "jpeg",
-    "image/tiff": "tiff",
-}
-
 #: Names for unnamed parts that are not recognizable.
 OTHER_EXTENSIONS: dict[str, str] = {
     "message/rfc822": "eml",
@@ -69,6 +56,24 @@ class Limits:
     max_attachment_bytes: int
     max_mail_bytes: int
     max_attachments: int
+    #: How deep forwarded mails and winmail.dat are opened; 0 keeps every container whole.
+    max_nesting: int = 3
+    #: Store inline images (referenced by Content-ID, or smaller than ``min_image_bytes``)
+    #: without sending them to recognition.
+    skip_inline_images: bool = True
+    #: Images smaller than this are decoration (logos, icons), not documents, in bytes.
+    min_image_bytes: int = 4096
+
+    @classmethod
+    def for_mailbox(cls, intake: IntakeSettings, mailbox: MailboxSettings) -> Limits:
+        return cls(
+            max_attachment_bytes=intake.max_attachment_bytes,
+            max_mail_bytes=intake.max_mail_bytes,
+            max_attachments=intake.max_attachments,
+            max_nesting=intake.max_nesting,
+            skip_inline_images=mailbox.skip_inline_images,
+            min_image_bytes=intake.min_image_bytes,
+        )
 
 
 @dataclass
@@ -83,10 +88,18 @@ class ParsedAttachment:
     skip_reason: str | None = None
     #: Size of the decoded part in bytes (kept when ``data`` is dropped for a limit).
     size: int = 0
+    #: Which rule decided ``file_type``: extension, media_type or content.
+    type_rule: str | None = None
+    #: Set for a container whose files were extracted (a forwarded mail, winmail.dat).
+    container_reason: str | None = None
+    #: Position of the container this file came out of, in the mail's list; None: the mail.
+    parent: int | None = None
+    #: Where the file sits in the mail: ``forwarded.eml/invoice.csv``.
+    path: str = ""
 
     @property
     def extension(self) -> str:
-        return _extension(self.name)
+        return extension(self.name)
 
 
 @dataclass
@@ -123,16 +136,16 @@ def parse_mail(raw: bytes, limits: Limits) -> ParsedMail:
 def clean_text(value: str, limit: int = MAX_HEADER_CHARS) -> str:
     """Valid UTF-8 text without NUL or other control characters, at most ``limit`` chars.
 
-    Raw 8-bit header bytes arrive as surrogate escapes; they are read as UTF-8
-    when they are, else as Latin-1, so nothing unencodable reaches Postgres.
+    Raw 8-bit header bytes arrive as surrogate escapes; they are read as UTF-8, and
+    bytes that are not UTF-8 become U+FFFD: no charset is declared for them, and a
+    guess (Latin-1) turns every other charset into mojibake.
     """
     if not value.isascii():
         if _ESCAPED_BYTE.search(value):
-            data = value.encode("utf-8", "surrogateescape")
             try:
-                value = data.decode("utf-8")
-            except UnicodeDecodeError:
-                value = data.decode("latin-1")
+                value = value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+            except UnicodeEncodeError:  # a lone surrogate that carries no byte
+                pass
         value = value.encode("utf-8", "replace").decode("utf-8")
     return _CONTROL.sub(" ", value).strip()[:limit]
 
@@ -174,15 +187,44 @@ def decode_words(value: str | Header) -> str:
 
 
 def _bytes_text(data: bytes, charset: str | None) -> str:
-    if charset and charset.lower() not in ("unknown-8bit", "us-ascii", "ascii"):
+    """Decode one encoded word; bytes its charset cannot explain become U+FFFD."""
+    codec = _codec(charset)
+    if codec is not None:
         try:
-            return data.decode(charset, "replace")
+            return data.decode(codec, "replace")
         except LookupError:  # a charset Python does not know
             pass
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        return data.decode("latin-1")
+    return data.decode("utf-8", "replace")
+
+
+#: Charsets mail clients declare for a wider one they actually use (WHATWG Encoding).
+_CHARSET_SUPERSETS = {
+    "gb2312": "gb18030",
+    "gbk": "gb18030",
+    "x-gbk": "gb18030",
+    "cp936": "gb18030",
+    "big5": "big5hkscs",
+    "x-x-big5": "big5hkscs",
+    "shift_jis": "cp932",
+    "shift-jis": "cp932",
+    "sjis": "cp932",
+    "x-sjis": "cp932",
+    "ks_c_5601-1987": "cp949",
+    "euc-kr": "cp949",
+    "iso-8859-1": "cp1252",
+    "latin1": "cp1252",
+    "us-ascii": "cp1252",
+    "tis-620": "cp874",
+}
+
+
+def _codec(charset: str | None) -> str | None:
+    if not charset:
+        return None
+    name = charset.split("*", 1)[0].strip().lower()  # RFC 2231 language suffix: utf-8*en
+    if name in ("", "unknown-8bit", "x-unknown", "unknown"):
+        return None
+    return _CHARSET_SUPERSETS.get(name, name)
 
 
 def _sender(message: Message) -> str | None:
@@ -207,56 +249,168 @@ def safe_name(name: str | None, *, index: int, media_type: str) -> str:
         ext = MEDIA_EXTENSIONS.get(media_type) or OTHER_EXTENSIONS.get(media_type, "bin")
         return f"attachment-{index}.{ext}"
     if len(cleaned) > MAX_NAME_CHARS:
-        ext = _extension(cleaned)
+        ext = extension(cleaned)
         tail = f".{ext}" if ext else ""
         cleaned = cleaned[: MAX_NAME_CHARS - len(tail)].rstrip(" .") + tail
     return cleaned
 
 
-def _extension(name: str) -> str:
-    suffix = PurePosixPath(name).suffix.lower().lstrip(".")
-    if not suffix or len(suffix) > MAX_EXTENSION_CHARS or not suffix.isalnum():
-        return ""
-    return suffix
-
-
-def classify(name: str, media_type: str) -> tuple[str, str | None]:
-    """(file type, pipeline) by extension, then media type; pipeline None means SKIPPED."""
-    ext = _extension(name)
-    if ext in RECOGNIZABLE:
-        return RECOGNIZABLE[ext]
-    by_media = MEDIA_EXTENSIONS.get(media_type)
-    if not ext and by_media:
-        return RECOGNIZABLE[by_media]
-    return (ext or "unknown", None)
-
-
 def _attachments(message: Message, limits: Limits) -> list[ParsedAttachment]:
     found: list[ParsedAttachment] = []
-    for part, content_type, filename in _leaf_parts(message):
-        index = len(found) + 1
-        media_type = clean_text(content_type, limit=255).lower()
-        name = safe_name(filename, index=index, media_type=media_type)
-        file_type, pipeline = classify(name, media_type)
-        data = _payload(part)
-        attachment = ParsedAttachment(name, media_type, data, file_type, pipeline, size=len(data))
-        too_many = index > limits.max_attachments
-        too_big = len(data) > limits.max_attachment_bytes
-        if too_many:
-            attachment.skip_reason = (
-                f"attachment {index} is over the limit of {limits.max_attachments} per mail"
-            )
-        elif too_big:
-            attachment.skip_reason = (
-                f"attachment of {len(data)} bytes exceeds the limit of "
-                f"{limits.max_attachment_bytes}"
-            )
-        elif pipeline is None:
-            attachment.skip_reason = f"file type {file_type!r} is not recognized"
-        if too_many or too_big:
-            attachment.data = b""  # recorded, never stored
-        found.append(attachment)
+    _collect(message, limits, found, parent=None, depth=0)
     return found
+
+
+def _collect(
+    message: Message,
+    limits: Limits,
+    found: list[ParsedAttachment],
+    *,
+    parent: int | None,
+    depth: int,
+) -> None:
+    """Add the attachments of ``message`` to ``found``, opening containers down to the limit."""
+    cids = _referenced_content_ids(message) if limits.skip_inline_images else set()
+    for part, content_type, filename in _leaf_parts(message):
+        attachment = _attachment(found, limits, filename, content_type, _payload(part))
+        content_id = _content_id(part)
+        if (
+            content_id in cids
+            and attachment.skip_reason is None
+            and (attachment.file_type in IMAGE_TYPES or attachment.media_type.startswith("image/"))
+        ):
+            attachment.skip_reason = _INLINE_IMAGE
+        _place(found, attachment, parent)
+        _open(found, limits, attachment, _inner_message(part), depth=depth)
+
+
+#: Why a part referenced from the HTML body is not sent to recognition.
+_INLINE_IMAGE = "inline image of the mail's body (referenced by Content-ID), not a document"
+
+
+def _attachment(
+    found: list[ParsedAttachment],
+    limits: Limits,
+    filename: str | None,
+    content_type: str,
+    data: bytes,
+) -> ParsedAttachment:
+    index = len(found) + 1
+    media_type = clean_text(content_type, limit=255).lower()
+    name = safe_name(filename, index=index, media_type=media_type)
+    typing = classify(name, media_type, data)
+    attachment = ParsedAttachment(
+        name, media_type, data, typing.file_type, typing.pipeline, size=len(data)
+    )
+    attachment.type_rule = typing.rule
+    too_many = index > limits.max_attachments
+    too_big = len(data) > limits.max_attachment_bytes
+    if too_many:
+        attachment.skip_reason = (
+            f"attachment {index} is over the limit of {limits.max_attachments} per mail"
+        )
+    elif too_big:
+        attachment.skip_reason = (
+            f"attachment of {len(data)} bytes exceeds the limit of {limits.max_attachment_bytes}"
+        )
+    elif typing.file_type == "executable":
+        attachment.skip_reason = "executable content is never a document"
+    elif typing.pipeline is None:
+        attachment.skip_reason = f"file type {typing.file_type!r} is not recognized"
+    elif (
+        limits.skip_inline_images
+        and typing.file_type in IMAGE_TYPES
+        and len(data) < limits.min_image_bytes
+    ):
+        attachment.skip_reason = (
+            f"image of {len(data)} bytes is under {limits.min_image_bytes}: "
+            "decoration, not a document"
+        )
+    if too_many or too_big:
+        attachment.data = b""  # recorded, never stored
+    return attachment
+
+
+def _place(found: list[ParsedAttachment], attachment: ParsedAttachment, parent: int | None) -> None:
+    attachment.parent = parent
+    prefix = f"{found[parent].path}/" if parent is not None else ""
+    attachment.path = (prefix + attachment.name)[:MAX_PATH_CHARS]
+    found.append(attachment)
+
+
+def _open(
+    found: list[ParsedAttachment],
+    limits: Limits,
+    container: ParsedAttachment,
+    nested: Message | None,
+    *,
+    depth: int,
+) -> None:
+    """Extract the files of ``container`` when it is one (forwarded mail, winmail.dat)."""
+    if container.skip_reason and not container.data:
+        return  # over a limit: neither stored nor opened
+    opened = open_container(container.name, container.media_type, container.data, nested)
+    if opened is None:
+        return
+    container.file_type = opened.file_type
+    container.pipeline = None
+    if depth >= limits.max_nesting:
+        container.skip_reason = (
+            f"{opened.kind} nested deeper than {limits.max_nesting} levels: kept unopened"
+        )
+        return
+    if opened.error is not None:
+        container.skip_reason = f"{opened.kind} could not be opened: {opened.error}"
+        return
+    container.skip_reason = None
+    position = len(found) - 1
+    before = len(found)
+    if opened.message is not None:
+        _collect(opened.message, limits, found, parent=position, depth=depth + 1)
+    for item in opened.files:
+        inner = _attachment(found, limits, item.name, item.media_type, item.data)
+        _place(found, inner, position)
+        _open(found, limits, inner, None, depth=depth + 1)
+    count = len(found) - before
+    container.container_reason = f"{opened.kind}: {count} file{'' if count == 1 else 's'} extracted"
+
+
+def _inner_message(part: Message) -> Message | None:
+    """The mail inside a ``message/rfc822`` part, already parsed with the outer one."""
+    if part.get_content_type() != "message/rfc822" or not part.is_multipart():
+        return None
+    payload = part.get_payload()
+    inner = payload[0] if isinstance(payload, list) and payload else None
+    return inner if isinstance(inner, Message) else None
+
+
+def _content_id(part: Message) -> str | None:
+    value = part.get("Content-ID")
+    if not isinstance(value, str):
+        return None
+    return value.strip().strip("<>").strip().lower() or None
+
+
+#: A ``cid:`` reference in HTML, up to the quote, bracket or space that ends it.
+_CID_REFERENCE = re.compile(rb"""cid:([^"'\s>)]{1,500})""", re.IGNORECASE)
+#: HTML bodies larger than this are searched for ``cid:`` references in their start only, bytes.
+MAX_HTML_BYTES = 2 * 1024 * 1024
+
+
+def _referenced_content_ids(part: Message) -> set[str]:
+    """Content-IDs the HTML bodies of ``part`` show inline (not those of attached mails)."""
+    if part.get_content_maintype() == "multipart":
+        found: set[str] = set()
+        for child in part.get_payload() or []:
+            if isinstance(child, Message):
+                found |= _referenced_content_ids(child)
+        return found
+    if part.get_content_type() != "text/html":
+        return set()
+    html = _payload(part)[:MAX_HTML_BYTES]
+    return {
+        unquote(m.decode("ascii", "replace")).strip().lower() for m in _CID_REFERENCE.findall(html)
+    }
 
 
 #: A leaf part with its content type and file name, each read once (they are not cheap).

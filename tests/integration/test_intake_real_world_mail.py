@@ -1,0 +1,113 @@
+"""Real-world mail through pymap and Dovecot: forwarded and winmail.dat documents, logos, types."""
+
+from __future__ import annotations
+
+from email.mime.application import MIMEApplication
+from email.mime.image import MIMEImage
+from email.mime.message import MIMEMessage
+from email.mime.multipart import MIMEMultipart
+from email.mime.text import MIMEText
+
+import pytest
+
+from tests.fixtures.imap import on_every_server
+from tests.fixtures.tnef import make_winmail
+
+pytestmark = [pytest.mark.integration, on_every_server]
+
+CSV = b"invoice,total\nA-1,10\n"
+
+
+async def _ingest_one(env, raw: bytes):
+    env.append(raw)
+    outcome = await env.poll()
+    assert outcome.status == "done", outcome
+    (mail,) = await env.mails()
+    return mail, await env.files(), await env.jobs()
+
+
+def _mail(*parts, subject: str = "real world") -> bytes:
+    mail = MIMEMultipart()
+    mail["Subject"], mail["From"], mail["Message-ID"] = subject, "a@example.com", "<rw@x>"
+    mail.attach(MIMEText("see attached"))
+    for part in parts:
+        mail.attach(part)
+    return mail.as_bytes()
+
+
+def _attachment(data: bytes, media_type: str, name: str) -> MIMEApplication:
+    part = MIMEApplication(data)
+    part.replace_header("Content-Type", media_type)
+    part.add_header("Content-Disposition", "attachment", filename=name)
+    return part
+
+
+async def test_a_forwarded_csv_becomes_a_file_with_a_job_under_its_container(intake_env):
+    inner = MIMEMultipart()
+    inner["Subject"] = "invoice"
+    inner.attach(_attachment(CSV, "text/csv", "invoice.csv"))
+    forwarded = MIMEMessage(inner)
+    forwarded.add_header("Content-Disposition", "attachment", filename="forwarded.eml")
+    _, (container, invoice), (job,) = await _ingest_one(intake_env, _mail(forwarded))
+    assert (container.status, container.file_type, container.object_id is not None) == (
+        "CONTAINER",
+        "eml",
+        True,
+    )
+    assert container.status_reason == "forwarded mail: 1 file extracted"
+    assert (invoice.status, invoice.file_type, invoice.parent_file_id) == (
+        "UPLOADED",
+        "csv",
+        container.id,
+    )
+    assert invoice.source_path == "forwarded.eml/invoice.csv"
+    assert (job.file_id, job.pipeline) == (invoice.id, "tabular")
+
+
+async def test_a_csv_inside_winmail_dat_becomes_a_file_with_a_job(intake_env):
+    winmail = _attachment(
+        make_winmail([("invoice.csv", CSV)]), "application/ms-tnef", "winmail.dat"
+    )
+    _, (container, invoice), (job,) = await _ingest_one(intake_env, _mail(winmail))
+    assert (container.status, container.file_type) == ("CONTAINER", "tnef")
+    assert (invoice.status, invoice.parent_file_id, invoice.source_path) == (
+        "UPLOADED",
+        container.id,
+        "winmail.dat/invoice.csv",
+    )
+    assert job.file_id == invoice.id
+
+
+async def test_a_signature_logo_is_stored_without_a_job(intake_env):
+    related = MIMEMultipart("related")
+    related.attach(MIMEText('<p>Ann</p><img src="cid:logo@example.com">', "html"))
+    logo = MIMEImage(b"\x89PNG\r\n\x1a\n" + b"\x00" * 8000, "png")
+    logo.add_header("Content-ID", "<logo@example.com>")
+    logo.add_header("Content-Disposition", "inline", filename="logo.png")
+    related.attach(logo)
+    _, (file,), jobs = await _ingest_one(intake_env, _mail(related))
+    assert (file.status, file.object_id is not None, jobs) == ("SKIPPED", True, [])
+    assert "referenced by Content-ID" in file.status_reason
+
+
+async def test_a_csv_part_named_ini_is_typed_csv_by_its_media_type_and_bytes(intake_env):
+    part = _attachment(CSV, "text/csv", "..\\..\\win.ini")
+    _, (file,), (job,) = await _ingest_one(intake_env, _mail(part))
+    assert (file.original_name, file.file_type, file.type_rule, file.status) == (
+        "win.ini",
+        "csv",
+        "media_type",
+        "UPLOADED",
+    )
+    assert job.pipeline == "tabular"
+
+
+async def test_header_charsets_decode(intake_env):
+    raw = (
+        b"From: =?koi8-r?b?8NLJ18XU?= <a@example.com>\r\n"
+        b"Subject: =?gb18030?b?1tDOxLeixrE=?= =?big5?b?pKSk5bVvsrw=?= "
+        b"=?shift_jis?b?kL+LgY+R?= =?utf-8?q?=FF=FE?= end\r\n"
+        b"Message-ID: <charsets@x>\r\n\r\nbody\r\n"
+    )
+    mail, _, _ = await _ingest_one(intake_env, raw)
+    assert mail.subject == "中文发票中文發票請求書\ufffd\ufffd end"
