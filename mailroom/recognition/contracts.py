@@ -3,8 +3,9 @@
 Requests go out on ``files.tabular_uploaded`` / ``files.img_uploaded``; acks and
 results come back on ``files.tabular_parsed``. Each message carries a
 ``Nats-Msg-Id`` header built from the job id and attempt, so every hop can
-dedupe on a stable key. JSON Schemas of these models are checked in under
-``contracts/`` (``python -m mailroom.recognition.contracts --write``).
+dedupe on a stable key. JSON Schemas of these models and the AsyncAPI document
+(``asyncapi.py``) are checked in under ``contracts/``
+(``python -m mailroom.recognition.contracts --write``).
 """
 
 from __future__ import annotations
@@ -14,18 +15,55 @@ import sys
 import uuid
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 SCHEMA_VERSION: Literal["1.0"] = "1.0"
 RESULT_SCHEMA_VERSION: Literal["1.0"] = "1.0"
+#: Versions Mailroom reads: any minor version of major 1 (``1.0``, ``1.7``), never ``2.x``.
+SUPPORTED_VERSION_PATTERN = r"^1\.[0-9]+$"
 MSG_ID_HEADER = "Nats-Msg-Id"
 #: Counters are stored as 32-bit integers.
 MAX_COUNTER = 2**31 - 1
+#: The service recorded for an answer that names none.
+UNKNOWN_SERVICE = "unknown"
+#: The error code recorded for an ``error`` answer that gives none.
+SERVICE_ERROR = "SERVICE_ERROR"
 
 Pipeline = Literal["tabular", "image"]
 ResponseStatus = Literal["processing", "done", "needs_check", "error"]
+
+SchemaVersion = Annotated[
+    str,
+    Field(
+        pattern=SUPPORTED_VERSION_PATTERN,
+        max_length=20,
+        description=(
+            "Contract version, `MAJOR.MINOR`. Any `1.x` is read (a minor version only adds "
+            "optional fields, which readers ignore); another major version is rejected. "
+            "Omitted means `1.0`."
+        ),
+    ),
+]
+JobId = Annotated[
+    uuid.UUID,
+    Field(
+        description=(
+            "The recognition job: a UUID (string form). One job is one attempt at one file; "
+            "a replay of the file is a new job with a new id."
+        ),
+    ),
+]
+FileId = Annotated[
+    int,
+    Field(
+        description=(
+            "Mailroom's stored file id: an integer (a database id), not a UUID. An answer echoes the "
+            "request's value; an answer whose `file_id` differs from its job's is rejected."
+        ),
+    ),
+]
 
 
 def request_msg_id(job_id: uuid.UUID | str, attempt: int) -> str:
@@ -46,54 +84,164 @@ class _Contract(BaseModel):
 
 
 class ObjectRef(_Contract):
-    bucket: str = Field(min_length=1, max_length=255)
-    key: str = Field(min_length=1, max_length=1024)
+    """An object in the object store (S3 API)."""
+
+    bucket: str = Field(min_length=1, max_length=255, description="Bucket name.")
+    key: str = Field(min_length=1, max_length=1024, description="Object key in the bucket.")
 
 
 class RecognitionRequest(_Contract):
-    """Ask a recognition service to read one stored file."""
+    """Ask a recognition service to read one stored file.
 
-    schema_version: Literal["1.0"] = SCHEMA_VERSION
-    job_id: uuid.UUID
-    file_id: int
-    pipeline: Pipeline
-    file_type: str = Field(min_length=1, max_length=20)
-    original_name: str = Field(min_length=1, max_length=255)
-    s3: ObjectRef
-    reply_deadline: datetime
-    attempt: int = Field(ge=1)
+    Sent by Mailroom on the request subject of its pipeline with the header
+    ``Nats-Msg-Id: {job_id}:{attempt}:request``. The same request may arrive more
+    than once (republished while unacked): a service answers it once per
+    ``job_id`` + ``attempt``.
+    """
+
+    schema_version: SchemaVersion = SCHEMA_VERSION
+    job_id: JobId
+    file_id: FileId
+    pipeline: Pipeline = Field(
+        description="`tabular` (spreadsheets, CSV) or `image` (scans, photos, PDF pages)."
+    )
+    file_type: str = Field(
+        min_length=1,
+        max_length=20,
+        description="The file's type as Mailroom detected it, lower case (`csv`, `xlsx`, `png`).",
+    )
+    original_name: str = Field(
+        min_length=1, max_length=255, description="The attachment's file name in the mail."
+    )
+    s3: ObjectRef = Field(description="Where the file is: read it from here.")
+    reply_deadline: datetime = Field(
+        description=(
+            "ISO 8601 time with offset. Mailroom ends the job as `timeout` at this time unless "
+            "a result has arrived; a result after it changes nothing."
+        )
+    )
+    attempt: int = Field(
+        ge=1,
+        description=(
+            "Attempt number of this file's recognition, from 1. Part of every message id; "
+            "a service dedupes on `job_id` + `attempt`."
+        ),
+    )
 
 
 class ServiceInfo(_Contract):
-    name: str = Field(min_length=1, max_length=200)
-    version: str = Field(min_length=1, max_length=100)
+    """The recognition service that answered: recorded on the job, Mailroom decides nothing on it."""
+
+    name: str = Field(
+        default=UNKNOWN_SERVICE,
+        min_length=1,
+        max_length=200,
+        description="Service name, stable across versions.",
+    )
+    version: str = Field(
+        default=UNKNOWN_SERVICE, min_length=1, max_length=100, description="Service version."
+    )
 
 
 class ResponseMetrics(BaseModel):
+    """Counters of the result; other keys are kept as they are (service-defined)."""
+
     model_config = ConfigDict(extra="allow", frozen=True)
 
-    fields_total: int | None = Field(default=None, ge=0, le=MAX_COUNTER)
-    fields_low_confidence: int | None = Field(default=None, ge=0, le=MAX_COUNTER)
-    fields_unrecognized: int | None = Field(default=None, ge=0, le=MAX_COUNTER)
+    fields_total: int | None = Field(
+        default=None, ge=0, le=MAX_COUNTER, description="Fields the service extracted."
+    )
+    fields_low_confidence: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_COUNTER,
+        description="Fields whose confidence the service found low.",
+    )
+    fields_unrecognized: int | None = Field(
+        default=None, ge=0, le=MAX_COUNTER, description="Fields found without a value."
+    )
 
 
 class ResponseError(_Contract):
-    code: str = Field(min_length=1, max_length=100)
-    message: str = Field(default="", max_length=4000)
+    """Why a service could not recognize the file (``status: error``)."""
+
+    code: str = Field(
+        default=SERVICE_ERROR,
+        min_length=1,
+        max_length=100,
+        description=(
+            "Machine-readable code, upper snake case (see the error codes in `asyncapi.json`). "
+            "Omitted: `SERVICE_ERROR`."
+        ),
+    )
+    message: str = Field(
+        default="",
+        max_length=4000,
+        description="For people: what went wrong. Never the file's content.",
+    )
+
+
+def _result_needs_its_object(schema: dict[str, Any]) -> None:
+    # NOTE: the inbox enforces this after validation (inbox_messages.parse_response);
+    # the schema says it so a service can check its answers with the schema alone.
+    schema["allOf"] = [
+        {
+            "if": {
+                "properties": {"status": {"enum": ["done", "needs_check"]}},
+                "required": ["status"],
+            },
+            "then": {
+                "required": ["result_s3"],
+                "properties": {"result_s3": {"type": "object"}},
+            },
+        }
+    ]
 
 
 class RecognitionResponse(_Contract):
-    """An ack (``processing``) or a result (``done`` / ``needs_check`` / ``error``)."""
+    """An ack (``processing``) or a result (``done`` / ``needs_check`` / ``error``).
 
-    schema_version: Literal["1.0"] = SCHEMA_VERSION
-    job_id: uuid.UUID
-    file_id: int
-    status: ResponseStatus
-    service: ServiceInfo
-    result_s3: ObjectRef | None = None
-    result_schema_version: str | None = Field(default=None, max_length=20)
-    metrics: ResponseMetrics | None = None
-    error: ResponseError | None = None
+    Sent by the service on the results subject with the header
+    ``Nats-Msg-Id: {job_id}:{attempt}:ack`` or ``…:result``. Required: ``job_id``,
+    ``file_id``, ``status``, and ``result_s3`` for ``done`` / ``needs_check``;
+    everything else is optional.
+    """
+
+    model_config = ConfigDict(json_schema_extra=_result_needs_its_object)
+
+    schema_version: SchemaVersion = SCHEMA_VERSION
+    job_id: JobId
+    file_id: FileId
+    status: ResponseStatus = Field(
+        description=(
+            "`processing`: the ack, the service took the request. `done`: the result document "
+            "is written. `needs_check`: written, but a person should check it. `error`: no "
+            "document; see `error`."
+        )
+    )
+    service: ServiceInfo = Field(
+        default_factory=ServiceInfo,
+        description="Who answered; recorded on the job. Omitted: recorded as `unknown`.",
+    )
+    result_s3: ObjectRef | None = Field(
+        default=None,
+        description=(
+            "Where the result document is: required for `done` and `needs_check`, in the "
+            "results bucket (`MAILROOM_STORAGE__RESULTS_BUCKET`)."
+        ),
+    )
+    result_schema_version: str | None = Field(
+        default=None,
+        max_length=20,
+        description="`schema_version` of the result document (recorded on the job).",
+    )
+    metrics: ResponseMetrics | None = Field(
+        default=None, description="Counters of the result, merged into the job's metrics."
+    )
+    error: ResponseError | None = Field(
+        default=None,
+        description="For `error`: code and message. Omitted: code `SERVICE_ERROR`.",
+    )
 
     @property
     def is_ack(self) -> bool:
@@ -101,17 +249,41 @@ class RecognitionResponse(_Contract):
 
 
 class ResultField(_Contract):
-    value: str | int | float | bool | None = None
-    confidence: float = Field(ge=0.0, le=1.0)
+    """One extracted field."""
+
+    value: str | int | float | bool | None = Field(
+        default=None, description="The value read; `null` when the field was not found."
+    )
+    confidence: float = Field(
+        ge=0.0,
+        le=1.0,
+        description=(
+            "How sure the service is, 0 to 1. Below Mailroom's `confidence_threshold` the "
+            "file needs a check."
+        ),
+    )
 
 
 class RecognitionResult(_Contract):
-    """The result file a service writes to the results bucket."""
+    """The result document a service writes to the results bucket (``result_s3``).
 
-    schema_version: Literal["1.0"] = RESULT_SCHEMA_VERSION
-    job_id: uuid.UUID
-    document_type: str = Field(min_length=1, max_length=100)
-    fields: dict[str, ResultField] = Field(default_factory=dict)
+    Required: ``job_id`` (Mailroom refuses a document naming another job) and
+    ``document_type``; each field needs a ``confidence``.
+    """
+
+    schema_version: SchemaVersion = RESULT_SCHEMA_VERSION
+    job_id: JobId
+    document_type: str = Field(
+        min_length=1,
+        max_length=100,
+        description=(
+            "Kind of document (`invoice`, `generic`, …). It selects the required fields "
+            "(Mailroom's `document_types` setting); an unknown type needs a check."
+        ),
+    )
+    fields: dict[str, ResultField] = Field(
+        default_factory=dict, description="Extracted fields by name."
+    )
 
 
 #: The models whose JSON Schemas live in ``contracts/``, by file stem.
@@ -151,5 +323,8 @@ def parse_json_object(data: bytes) -> dict[str, Any]:
 
 
 if __name__ == "__main__" and "--write" in sys.argv:
-    for path in write_schemas():
-        print(path)
+    # NOTE: imported here: the AsyncAPI module builds on this one.
+    from mailroom.recognition.asyncapi import write_asyncapi
+
+    for path in [*write_schemas(), write_asyncapi()]:
+        print(path.relative_to(CONTRACTS_DIR.parent))
