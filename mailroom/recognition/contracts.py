@@ -116,8 +116,8 @@ class RecognitionRequest(_Contract):
     s3: ObjectRef = Field(description="Where the file is: read it from here.")
     reply_deadline: datetime = Field(
         description=(
-            "ISO 8601 time with offset. Mailroom ends the job as `timeout` at this time unless "
-            "a result has arrived; a result after it changes nothing."
+            "ISO 8601 time with offset. A job without a result by then is ended as `timeout` "
+            "(by a watchdog every 30 s); a result after that changes nothing."
         )
     )
     attempt: int = Field(
