@@ -163,6 +163,13 @@ class BatchLease:
                 now = time.monotonic()
                 expired = [mid for mid in ids if now - self._extended_at.get(mid, 0) >= self.ttl_s]
                 self._lose(expired, f"renewal failed: {type(exc).__name__}: {exc}")
+                if len(expired) < len(ids):
+                    logger.warning(
+                        "Renewing %d lock(s) failed (%s); their sends go on while the locks may "
+                        "still be theirs",
+                        len(ids) - len(expired),
+                        type(exc).__name__,
+                    )
                 continue
             for message_id in kept:
                 if message_id in self.held:
