@@ -227,10 +227,11 @@ async def _ingest_in_order(
         pending: list[asyncio.Task[Any]] = list(window)
         if fetching is not None:
             pending.append(fetching)
-        if counting is not None:
-            pending.append(counting)
         for leftover in pending:
             leftover.cancel()
+        if counting is not None:
+            # Not cancelled: a short write, and once it is done the poll knows what to give back.
+            pending.append(counting)
         if pending:
             # Let cancelled work finish its cleanup before the connection is closed.
             await asyncio.wait(pending)
