@@ -193,11 +193,17 @@ class NotReplayable(PermanentError):
 class InvalidMessage(PermanentError):
     """A recognition answer that is not a contract message (never retried)."""
 
-    def __init__(self, reason: str, job_id: object = None) -> None:
+    def __init__(
+        self, reason: str, job_id: object = None, *, kind: str = "not_contract", service: str = ""
+    ) -> None:
         super().__init__(reason)
         self.reason = reason
         #: The job id the message named, if any (untrusted: log it with ``short_repr``).
         self.job_id = job_id
+        #: A short fixed category of the fault (a metrics label).
+        self.kind = kind
+        #: The service name the message gave, cleaned; empty when it gave none.
+        self.service = service
 
 
 class ExtractionError(PermanentError):

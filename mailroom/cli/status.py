@@ -14,11 +14,13 @@ import redis.asyncio as aioredis
 from rich.console import Console
 from rich.table import Table
 from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from actors.queues import ALL as QUEUES
 from mailroom.adapters.redis_client import CLI_REDIS_ATTEMPTS, async_client
 from mailroom.db import create_engine, create_sessionmaker, libpq_dsn
 from mailroom.models import ChannelMessage, InboundMail, MailboxCursor, RecognitionJob, StoredFile
+from mailroom.recognition.violations import CONTRACT_ERROR_CODES
 from mailroom.settings import Settings
 from scheduling.leader import current_leader
 
@@ -51,6 +53,7 @@ async def collect_status(settings: Settings) -> dict[str, Any]:
                 {"mailbox": m, "folder": f, "uid": uid, "error": (err or "")[:200]}
                 for m, f, uid, err in blocked.all()
             ]
+            report["contract_violations"] = await _contract_violations(session)
     finally:
         await engine.dispose()
     report["stopped"] = {
@@ -65,6 +68,23 @@ async def collect_status(settings: Settings) -> dict[str, Any]:
     report.update(await _redis_status(settings))
     report["scheduler_leader"] = await asyncio.to_thread(_leader, settings)
     return report
+
+
+async def _contract_violations(session: AsyncSession) -> list[dict[str, Any]]:
+    """Jobs ended because their service's answer broke the contract, by service and code."""
+    service = func.coalesce(RecognitionJob.service_name, "unknown")
+    rows = await session.execute(
+        select(
+            service, RecognitionJob.error_code, func.count(), func.max(RecognitionJob.finished_at)
+        )
+        .where(RecognitionJob.error_code.in_(CONTRACT_ERROR_CODES))
+        .group_by(service, RecognitionJob.error_code)
+        .order_by(service, RecognitionJob.error_code)
+    )
+    return [
+        {"service": name, "code": code, "jobs": count, "last": last}
+        for name, code, count, last in rows.all()
+    ]
 
 
 async def _redis_status(settings: Settings) -> dict[str, Any]:
@@ -137,6 +157,13 @@ def print_status(settings: Settings, *, as_json: bool = False) -> None:
         for row in report["blocked_cursors"]:
             blocked.add_row(row["mailbox"], row["folder"], str(row["uid"]), row["error"])
         console.print(blocked)
+    if report["contract_violations"]:
+        violations = Table(title="Recognition answers off the contract (jobs ended as error)")
+        for column in ("service", "code", "jobs", "last"):
+            violations.add_column(column)
+        for row in report["contract_violations"]:
+            violations.add_row(row["service"], row["code"], str(row["jobs"]), str(row["last"]))
+        console.print(violations)
     queues = Table(title="Dramatiq queues")
     for column in ("queue", "ready", "delayed", "dead letters"):
         queues.add_column(column)

@@ -67,6 +67,40 @@ async def fail_current_files(
     return {mail_id for (mail_id,) in result if mail_id is not None}
 
 
+# Only a job still waiting for its answer is failed; a final one already has its answer or reason.
+_FAIL_WAITING_JOB = text(
+    """
+    UPDATE recognition_job
+       SET status = 'error', error_code = :code, error_message = :message, finished_at = :now,
+           service_name = COALESCE(service_name, CAST(:service AS text))
+     WHERE id = :id AND status IN ('queued', 'published', 'processing')
+    RETURNING id
+    """
+)
+
+
+async def fail_waiting_job(
+    session: AsyncSession,
+    job_id: uuid.UUID,
+    *,
+    code: str,
+    message: str,
+    now: datetime,
+    service: str | None = None,
+) -> list[int] | None:
+    """End a job still waiting for its answer as ``error``, its file ERROR, its mail final.
+
+    Returns the mails made final (for their notifications), or None when the job
+    does not exist or is no longer waiting (it keeps its answer or its reason).
+    """
+    message = message[:MAX_REASON_CHARS]
+    params = {"id": job_id, "code": code, "message": message, "now": now, "service": service}
+    if await session.scalar(_FAIL_WAITING_JOB, params) is None:
+        return None
+    mail_ids = await fail_current_files(session, [job_id], reason=f"{code}: {message}", now=now)
+    return await finalize_mails(session, mail_ids, now=now)
+
+
 _FINAL = ", ".join(f"'{s}'" for s in FINAL_FILE_STATUSES)
 
 # A file counts as settled when its status is final and its current job is not a result still

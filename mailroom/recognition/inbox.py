@@ -44,6 +44,7 @@ from mailroom.recognition.inbox_messages import (
     parse_message,
 )
 from mailroom.recognition.revive import reopen_mails, revivable, revive
+from mailroom.recognition.violations import fail_for_violation
 from mailroom.settings import RecognitionSettings
 
 logger = logging.getLogger(__name__)
@@ -297,12 +298,29 @@ async def apply_recognition_messages(
         else:
             outcomes.append(None)
             parsed.append((index, checked))
-    if not parsed:
-        return [o for o in outcomes if o is not None]
-    applied = await _apply_counted(sessions, [p for _, p in parsed], now, max_attempts)
-    for (index, _), outcome in zip(parsed, applied, strict=True):
-        outcomes[index] = outcome
-    return [o for o in outcomes if o is not None]
+    if parsed:
+        applied = await _apply_counted(sessions, [p for _, p in parsed], now, max_attempts)
+        for (index, _), outcome in zip(parsed, applied, strict=True):
+            outcomes[index] = outcome
+    # After the batch: an answer to the same job in it wins over its broken message.
+    return [await _settle_violation(sessions, o) for o in outcomes if o is not None]
+
+
+async def _settle_violation(
+    sessions: async_sessionmaker[AsyncSession], outcome: InboxOutcome
+) -> InboxOutcome:
+    """A message off the contract that names a waiting job fails that job at once."""
+    if outcome.violation is None or outcome.job_id is None:
+        return outcome
+    finalized = await fail_for_violation(sessions, outcome.job_id, outcome.violation)
+    if finalized is None:
+        return outcome
+    return InboxOutcome(
+        "contract_violation",
+        outcome.job_id,
+        finalized_mail_ids=tuple(finalized),
+        violation=outcome.violation,
+    )
 
 
 async def _apply_counted(

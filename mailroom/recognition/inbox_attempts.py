@@ -18,12 +18,11 @@ import uuid
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from mailroom.clock import db_now
 from mailroom.recognition import attempts
-from mailroom.recognition.finality import fail_current_files, finalize_mails
+from mailroom.recognition.finality import fail_waiting_job
 from mailroom.recognition.inbox_messages import InboxOutcome, Parsed
 
 logger = logging.getLogger("mailroom.recognition.inbox")
@@ -32,16 +31,6 @@ logger = logging.getLogger("mailroom.recognition.inbox")
 INBOX_ATTEMPTS_EXHAUSTED = "INBOX_ATTEMPTS_EXHAUSTED"
 
 ApplyOne = Callable[[Parsed], Awaitable[list[InboxOutcome]]]
-
-# Only a job still waiting for its answer is failed; a final one already has its answer or reason.
-_FAIL_JOB = text(
-    """
-    UPDATE recognition_job
-       SET status = 'error', error_code = :code, error_message = :message, finished_at = :now
-     WHERE id = :id AND status IN ('queued', 'published', 'processing')
-    RETURNING id
-    """
-)
 
 
 async def fail_exhausted(
@@ -54,16 +43,11 @@ async def fail_exhausted(
     message = f"applying its messages did not finish in {tries - 1} attempts"
     async with sessions() as session, session.begin():
         now = now or await db_now(session)
-        failed = await session.scalar(
-            _FAIL_JOB,
-            {"id": job_id, "code": INBOX_ATTEMPTS_EXHAUSTED, "message": message, "now": now},
+        finalized = await fail_waiting_job(
+            session, job_id, code=INBOX_ATTEMPTS_EXHAUSTED, message=message, now=now
         )
-        if failed is None:
+        if finalized is None:
             return []
-        mail_ids = await fail_current_files(
-            session, [job_id], reason=f"{INBOX_ATTEMPTS_EXHAUSTED}: {message}", now=now
-        )
-        finalized = await finalize_mails(session, mail_ids, now=now)
     logger.error("Recognition job %s failed: %s", job_id, message)
     return finalized
 

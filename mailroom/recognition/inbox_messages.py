@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from mailroom.errors import InvalidMessage
 from mailroom.recognition.contracts import MSG_ID_HEADER, RecognitionResponse, parse_json_object
 from mailroom.recognition.finality import short_repr
+from mailroom.recognition.violations import UNKNOWN_SERVICE, Violation, service_of
 
 # The inbox's logger: operators filter one name for everything the inbox rejects or applies.
 logger = logging.getLogger("mailroom.recognition.inbox")
@@ -37,6 +38,7 @@ Applied = Literal[
     "result_late",
     "failed",  # its own transaction failed too (batch fallback only): apply it again later
     "attempts_exhausted",  # applying it kept killing workers: its job failed, not applied
+    "contract_violation",  # off the contract but naming a waiting job: that job failed at once
 ]
 
 
@@ -60,6 +62,8 @@ class InboxOutcome:
     error: Exception | None = None
     #: Mails this message made final (``attempts_exhausted``): create their notifications.
     finalized_mail_ids: tuple[int, ...] = ()
+    #: How a ``rejected`` message that names a job broke the contract.
+    violation: Violation | None = None
 
 
 def check_size(data: bytes, *, max_bytes: int) -> bool:
@@ -71,16 +75,37 @@ def parse_response(data: bytes) -> RecognitionResponse:
     try:
         body = parse_json_object(data)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-        raise InvalidMessage("not a JSON object", None) from exc
-    job_id = body.get("job_id")
+        raise InvalidMessage("not a JSON object", None, kind="not_json") from exc
+    job_id, service = body.get("job_id"), service_of(body)
     try:
         response = RecognitionResponse.model_validate(body)
     except ValidationError as exc:
         fields = sorted({str(e["loc"][0]) for e in exc.errors() if e["loc"]})[:5]
-        raise InvalidMessage(f"not the contract ({', '.join(fields)})", job_id) from exc
+        reason = f"not the contract ({', '.join(fields)})"
+        raise InvalidMessage(reason, job_id, service=service) from exc
     if response.status in ("done", "needs_check") and response.result_s3 is None:
-        raise InvalidMessage(f"{response.status} without result_s3", job_id)
+        reason = f"{response.status} without result_s3"
+        raise InvalidMessage(reason, job_id, kind="missing_result_s3", service=service)
     return response
+
+
+def warn_rejected(subject: str, size: int, job_id: object, reason: str) -> None:
+    logger.warning(
+        "Rejected recognition message on %r (%d bytes, job_id %s): %s",
+        subject,
+        size,
+        short_repr(job_id),
+        reason,
+    )
+
+
+def _uuid_or_none(value: object) -> uuid.UUID | None:
+    if not isinstance(value, str) or len(value) > 64:
+        return None
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        return None
 
 
 def header(headers: Mapping[str, str], name: str) -> str | None:
@@ -108,14 +133,14 @@ def parse_message(message: InboxMessage, *, max_bytes: int) -> Parsed | InboxOut
     try:
         response = parse_response(data)
     except InvalidMessage as exc:
-        reason, job_id = exc.reason, exc.job_id
-        logger.warning(
-            "Rejected recognition message on %r (%d bytes, job_id %s): %s",
-            subject,
-            len(data),
-            short_repr(job_id),
-            reason,
-        )
+        job_id = _uuid_or_none(exc.job_id)
+        if job_id is not None:
+            # It names a job: the inbox fails that job if it is waiting (violations.py), or
+            # warns as below if it is not.
+            detail = f"{exc.reason} on {subject[:200]!r}, {len(data)} bytes"
+            violation = Violation(exc.kind, detail, exc.service or UNKNOWN_SERVICE)
+            return InboxOutcome("rejected", job_id, violation=violation)
+        warn_rejected(subject, len(data), exc.job_id, exc.reason)
         return InboxOutcome("rejected")
     msg_id = header(message.headers, MSG_ID_HEADER)
     if msg_id is not None and len(msg_id) > MAX_MSG_ID_CHARS:

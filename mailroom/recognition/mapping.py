@@ -33,6 +33,15 @@ from mailroom.recognition import attempts
 from mailroom.recognition.contracts import RecognitionResult, parse_json_object
 from mailroom.recognition.finality import MAX_REASON_CHARS, finalize_mails
 from mailroom.recognition.replay import ReplayedJob, replay_job
+from mailroom.recognition.violations import (
+    FOREIGN_BUCKET,
+    INVALID_RESULT,
+    MAX_SERVICE_CHARS,
+    RESULT_TOO_LARGE,
+    UNKNOWN_SERVICE,
+    Violation,
+    report_violation,
+)
 from mailroom.settings import RecognitionSettings
 
 logger = logging.getLogger(__name__)
@@ -44,10 +53,6 @@ MAPPING_ACTOR = ("system", "recognition.mapping")
 RESULT_STATUSES = ("done", "needs_check", "error")
 
 
-#: Error codes of a result object mapping refuses to read (job ``error_code``, file reason).
-INVALID_RESULT = "INVALID_RESULT"
-FOREIGN_BUCKET = "RESULT_FOREIGN_BUCKET"
-RESULT_TOO_LARGE = "RESULT_TOO_LARGE"
 #: Mapping of this job died (took its worker down) ``max_processing_attempts`` times.
 MAPPING_ATTEMPTS_EXHAUSTED = "MAPPING_ATTEMPTS_EXHAUSTED"
 
@@ -99,7 +104,7 @@ class MappingOutcome:
 _LOAD = text(
     """
     SELECT j.id, j.status, j.attempt, j.mapped_at, j.error_code, j.error_message,
-           j.result_msg_id, o.bucket, o.key
+           j.result_msg_id, j.service_name, o.bucket, o.key
       FROM recognition_job AS j
       LEFT JOIN stored_object AS o ON o.id = j.result_object_id
      WHERE j.id = :id
@@ -133,6 +138,7 @@ _MARK_MAPPED = text(
     """
     UPDATE recognition_job
        SET mapped_at = :now,
+           status = CASE WHEN CAST(:error_code AS text) IS NULL THEN status ELSE 'error' END,
            error_code = COALESCE(:error_code, error_code),
            error_message = COALESCE(:error_message, error_message)
      WHERE id = :id
@@ -281,6 +287,9 @@ async def _map(
             store, job.bucket, job.key, job_id=job_id, max_bytes=settings.max_result_bytes
         )
         if isinstance(loaded, Unusable):
+            service = (job.service_name or UNKNOWN_SERVICE)[:MAX_SERVICE_CHARS]
+            violation = Violation(loaded.code.lower(), loaded.message, service)
+            report_violation(violation, job_id=job_id, where="result document")
             verdict = Verdict(
                 "ERROR",
                 reason=f"{loaded.code}: {loaded.message}"[:MAX_REASON_CHARS],

@@ -123,11 +123,16 @@ async def test_invalid_body_is_rejected_with_a_warning_that_never_holds_the_body
     assert len(warning) < 400, "the job id is truncated"
 
 
-async def test_done_result_without_result_s3_is_not_the_contract(db_sessions, published):
+async def test_done_result_without_result_s3_is_not_the_contract(
+    db_sessions, recognition_factory, published
+):
     data = json.loads(body(published, "done"))
     del data["result_s3"]
     outcome = await apply(db_sessions, json.dumps(data).encode(), msg_id(published, "result"))
-    assert outcome.applied == "rejected"
+    # It names a waiting job: that job fails at once (test_recognition_contract_violations.py).
+    assert outcome.applied == "contract_violation"
+    job = await recognition_factory.job(published.job_id)
+    assert (job["status"], job["error_code"]) == ("error", "INVALID_RESULT")
 
 
 async def test_unknown_job_and_file_mismatch_change_nothing(

@@ -6,6 +6,7 @@ import json
 from datetime import timedelta
 
 import pytest
+from prometheus_client import REGISTRY
 
 from mailroom.adapters.storage import build_store
 from mailroom.recognition.inbox import apply_recognition_message
@@ -185,17 +186,31 @@ async def test_error_result_is_retried_then_the_file_settles_as_error(flow, reco
 
 @pytest.mark.parametrize("raw", [None, b"not json", b'{"schema_version": "1.0"}'])
 async def test_unusable_result_file_counts_as_a_failed_attempt(
-    flow, recognition_factory, recognition_settings, raw
+    flow, recognition_factory, recognition_settings, raw, caplog
 ):
     ref = await recognition_factory.create_job(status="processing", attempt=2)
     await flow.answer(ref, raw=raw, attempt=2)
+    violations = _violations("invalid_result")
 
     outcome = await flow.map(ref.job_id)
 
     assert outcome.file_status == "ERROR"
     job = await recognition_factory.job(ref.job_id)
-    assert (job["status"], job["error_code"]) == ("done", "INVALID_RESULT")
+    assert (job["status"], job["error_code"]) == ("error", "INVALID_RESULT")
     assert "INVALID_RESULT" in (await recognition_factory.file(ref.file_id))["status_reason"]
+    # Loud: one WARNING line (without the document) and the counter.
+    warnings = [r for r in caplog.records if "broke the contract" in r.getMessage()]
+    assert [r.levelname for r in warnings] == ["WARNING"]
+    assert "not json" not in warnings[0].getMessage()
+    assert _violations("invalid_result") == violations + 1
+
+
+def _violations(reason: str) -> float:
+    value = REGISTRY.get_sample_value(
+        "mailroom_recognition_contract_violations_total",
+        {"service": "reader", "reason": reason},
+    )
+    return value or 0.0
 
 
 async def test_result_of_an_old_attempt_is_mapped_without_touching_the_file(
