@@ -235,7 +235,7 @@ class UnsupportedType(ExtractionError):
 
 
 class ClaimsExhausted(AppError):
-    """Claims at one UID kept ending without a recorded outcome: their workers died."""
+    """Attempts at one UID kept ending without a recorded outcome: their workers died."""
 
 
 class MailFailed(AppError):
