@@ -16,9 +16,8 @@ import email
 import re
 from dataclasses import dataclass, field
 from email import policy
-from email.header import Header, decode_header
 from email.message import Message
-from email.utils import collapse_rfc2231_value, getaddresses
+from email.utils import collapse_rfc2231_value
 from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
@@ -31,18 +30,24 @@ from mailroom.intake.filetypes import (
     classify,
     extension,
 )
+from mailroom.intake.headers import clean_text, decode_words, header_text, sender_address
 
 if TYPE_CHECKING:
     from mailroom.settings import IntakeSettings, MailboxSettings
 
-__all__ = ["MEDIA_EXTENSIONS", "RECOGNIZABLE", "classify", "parse_mail", "safe_name"]
+__all__ = [
+    "MEDIA_EXTENSIONS",
+    "RECOGNIZABLE",
+    "classify",
+    "clean_text",
+    "parse_mail",
+    "safe_name",
+]
 
 #: Longest stored file name, in characters (``stored_file.original_name`` is 255).
 MAX_NAME_CHARS = 200
 #: Longest recorded path of a file inside its containers, in characters.
 MAX_PATH_CHARS = 1000
-#: Longest header value kept, in characters.
-MAX_HEADER_CHARS = 2000
 #: Names for unnamed parts that are not recognizable.
 OTHER_EXTENSIONS: dict[str, str] = {
     "message/rfc822": "eml",
@@ -123,121 +128,14 @@ def parse_mail(raw: bytes, limits: Limits) -> ParsedMail:
         parsed.problem = f"mail of {len(raw)} bytes exceeds the limit of {limits.max_mail_bytes}"
         return parsed
     message = email.message_from_bytes(raw, policy=policy.compat32)
-    parsed.message_id = _header(message, "Message-ID")
-    parsed.sender = _sender(message)
-    return_path = _header(message, "Return-Path")
+    parsed.message_id = header_text(message, "Message-ID")
+    parsed.sender = sender_address(message)
+    return_path = header_text(message, "Return-Path")
     parsed.return_path = return_path.strip("<> ") if return_path else None
-    parsed.authentication_results = _header(message, "Authentication-Results", join=True)
-    parsed.subject = _header(message, "Subject")
+    parsed.authentication_results = header_text(message, "Authentication-Results", join=True)
+    parsed.subject = header_text(message, "Subject")
     parsed.attachments = _attachments(message, limits)
     return parsed
-
-
-def clean_text(value: str, limit: int = MAX_HEADER_CHARS) -> str:
-    """Valid UTF-8 text without NUL or other control characters, at most ``limit`` chars.
-
-    Raw 8-bit header bytes arrive as surrogate escapes; they are read as UTF-8, and
-    bytes that are not UTF-8 become U+FFFD: no charset is declared for them, and a
-    guess (Latin-1) turns every other charset into mojibake.
-    """
-    if not value.isascii():
-        if _ESCAPED_BYTE.search(value):
-            try:
-                value = value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
-            except UnicodeEncodeError:  # a lone surrogate that carries no byte
-                pass
-        value = value.encode("utf-8", "replace").decode("utf-8")
-    return _CONTROL.sub(" ", value).strip()[:limit]
-
-
-#: A raw 8-bit byte carried in a str (``surrogateescape``).
-_ESCAPED_BYTE = re.compile("[\udc80-\udcff]")
-
-#: Control characters (Unicode Cc and Cs), line separators and the bidi overrides
-#: (``invoice\u202efdp.exe``) that disguise names.
-_CONTROL = re.compile(
-    "[\x00-\x1f\x7f-\x9f\ud800-\udfff\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]"
-)
-
-
-def _header(message: Message, name: str, *, join: bool = False) -> str | None:
-    values: list[str] = []
-    try:
-        values = [decode_words(v) for v in message.get_all(name) or []]
-    except Exception:  # malformed header the decoder chokes on: fall back to its raw text
-        values = [str(v) for k, v in message.raw_items() if k.lower() == name.lower()]
-    values = [clean_text(v) for v in values]
-    values = [v for v in values if v]
-    if not values:
-        return None
-    return "\n".join(values)[:MAX_HEADER_CHARS] if join else values[0]
-
-
-def decode_words(value: str | Header) -> str:
-    """Header text with RFC 2047 encoded words decoded; unknown charsets never raise."""
-    if isinstance(value, str):
-        if "=?" not in value:
-            return value  # no encoded words (``decode_header`` would return it as is)
-        if not value.isascii() and _ESCAPED_BYTE.search(value):
-            return value  # raw 8-bit text, not encoded words: clean_text reads it
-    out = []
-    for chunk, charset in decode_header(value):
-        out.append(chunk if isinstance(chunk, str) else _bytes_text(chunk, charset))
-    return "".join(out)
-
-
-def _bytes_text(data: bytes, charset: str | None) -> str:
-    """Decode one encoded word; bytes its charset cannot explain become U+FFFD."""
-    codec = _codec(charset)
-    if codec is not None:
-        try:
-            return data.decode(codec, "replace")
-        except LookupError:  # a charset Python does not know
-            pass
-    return data.decode("utf-8", "replace")
-
-
-#: Charsets mail clients declare for a wider one they actually use (WHATWG Encoding).
-_CHARSET_SUPERSETS = {
-    "gb2312": "gb18030",
-    "gbk": "gb18030",
-    "x-gbk": "gb18030",
-    "cp936": "gb18030",
-    "big5": "big5hkscs",
-    "x-x-big5": "big5hkscs",
-    "shift_jis": "cp932",
-    "shift-jis": "cp932",
-    "sjis": "cp932",
-    "x-sjis": "cp932",
-    "ks_c_5601-1987": "cp949",
-    "euc-kr": "cp949",
-    "iso-8859-1": "cp1252",
-    "latin1": "cp1252",
-    "us-ascii": "cp1252",
-    "tis-620": "cp874",
-}
-
-
-def _codec(charset: str | None) -> str | None:
-    if not charset:
-        return None
-    name = charset.split("*", 1)[0].strip().lower()  # RFC 2231 language suffix: utf-8*en
-    if name in ("", "unknown-8bit", "x-unknown", "unknown"):
-        return None
-    return _CHARSET_SUPERSETS.get(name, name)
-
-
-def _sender(message: Message) -> str | None:
-    sender = _header(message, "From")
-    if sender is None:
-        return None
-    try:
-        addresses = getaddresses([sender])
-    except Exception:  # unparsable address list: the decoded header text is kept instead
-        addresses = []
-    if addresses and "@" in addresses[0][1]:
-        return clean_text(addresses[0][1])
-    return sender
 
 
 def safe_name(name: str | None, *, index: int, media_type: str) -> str:
