@@ -14,6 +14,7 @@ or account says ``security: plain`` (``mailroom dev`` and the tests do).
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -187,6 +188,10 @@ class StorageSettings(StrictModel):
     s3_retries: int = 2
 
 
+#: An IMAP flag: a keyword (an atom, RFC 3501) or a system flag such as ``\Flagged``.
+_IMAP_FLAG = re.compile(r"\\?[^\x00-\x20\x7f(){%*\"\\\]]+")
+
+
 class MailboxSettings(StrictModel):
     """One IMAP folder that intake reads; ``name`` is what ``poll_mailbox`` is given."""
 
@@ -213,11 +218,33 @@ class MailboxSettings(StrictModel):
     #: Store images shown in the HTML body (by Content-ID) and images under
     #: intake.min_image_bytes without sending them to recognition; false recognizes them too.
     skip_inline_images: bool = True
+    #: What intake does to a mail on the server once it is stored: ``none`` leaves it unread
+    #: where it is; ``seen`` marks it read; ``flag`` sets after_ingest_flag; ``move`` moves it
+    #: to move_to. A failure is logged and never fails or repeats the ingest.
+    after_ingest: Literal["none", "seen", "flag", "move"] = "none"
+    #: The flag that after_ingest ``flag`` sets: a keyword (``$Mailroom``) or ``\Flagged``.
+    after_ingest_flag: str = "$Mailroom"
+    #: The folder after_ingest ``move`` moves ingested mail to (it must exist).
+    move_to: str | None = None
 
     @model_validator(mode="before")
     @classmethod
     def _port_for_security(cls, data: Any) -> Any:
         return _default_port(data, IMAP_PORTS, "ssl")
+
+    @model_validator(mode="after")
+    def _check_after_ingest(self) -> MailboxSettings:
+        """A ``move`` with nowhere to go, or a flag the server would refuse, fails at load."""
+        if self.after_ingest == "move" and not self.move_to:
+            raise ValueError(f"mailbox {self.name!r}: after_ingest 'move' needs move_to (a folder)")
+        if self.after_ingest == "move" and self.move_to == self.folder:
+            raise ValueError(f"mailbox {self.name!r}: move_to is the folder it reads")
+        if not _IMAP_FLAG.fullmatch(self.after_ingest_flag):
+            raise ValueError(
+                f"mailbox {self.name!r}: after_ingest_flag {self.after_ingest_flag!r} is not an "
+                "IMAP flag (a keyword such as $Mailroom, or \\Flagged)"
+            )
+        return self
 
 
 class IntakeSettings(StrictModel):

@@ -20,11 +20,11 @@ import ssl
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 
-from imapclient import IMAPClient
+from imapclient import DELETED, IMAPClient
 from imapclient.exceptions import LoginError
 
 from mailroom.errors import (
@@ -79,6 +79,14 @@ class Mailbox(Protocol):
         """Wait for new mail up to ``timeout_s``; True when the server announced some."""
         ...
 
+    async def add_flags(self, uids: list[int], flag: str) -> None:
+        """Set ``flag`` on the messages of ``uids``; those no longer there are left out."""
+        ...
+
+    async def move(self, uids: list[int], folder: str) -> None:
+        """Move the messages of ``uids`` to ``folder``; those no longer there are left out."""
+        ...
+
     async def close(self) -> None:
         """Log out; never raises (a failure is logged)."""
         ...
@@ -94,6 +102,10 @@ def filter_uids_above(uids: list[int], uid: int) -> list[int]:
     below N (RFC 3501: ``*`` is the largest UID in use), so results are filtered.
     """
     return sorted(u for u in set(uids) if u > uid)
+
+
+#: The flag of a message that has been read (RFC 3501).
+SEEN = "\\Seen"
 
 
 #: Login refusals that say nothing of the credentials (RFC 5530 response codes): the server
@@ -128,6 +140,8 @@ class ImapMailbox:
         self.settings = settings
         self._client: IMAPClient | None = None
         self._folder: str | None = None
+        #: The folder's PERMANENTFLAGS from SELECT; None when it named none (all are kept).
+        self._permanent_flags: set[str] | None = None
         # Guards ``_client`` and ``_closes`` between the event loop and a connecting thread:
         # a connect that completes after close() must end its own connection.
         self._lock = threading.Lock()
@@ -202,6 +216,8 @@ class ImapMailbox:
     async def select(self, folder: str) -> int:
         self._folder = folder
         info = await self._call(f"SELECT {folder!r}", _select, self._require(), folder)
+        permanent = info.get(b"PERMANENTFLAGS")
+        self._permanent_flags = None if permanent is None else {_text(f).lower() for f in permanent}
         try:
             return int(info[b"UIDVALIDITY"])
         except (KeyError, TypeError, ValueError) as exc:
@@ -274,6 +290,25 @@ class ImapMailbox:
     async def idle(self, timeout_s: float) -> bool:
         return await self._call("IDLE", self._idle, timeout_s)
 
+    async def add_flags(self, uids: list[int], flag: str) -> None:
+        kept = self._permanent_flags
+        if (
+            kept is not None
+            and flag.lower() not in kept
+            and not (_is_keyword(flag) and "\\*" in kept)
+        ):
+            # The server would answer OK and keep the flag only for this session (pymap keeps
+            # no keywords): say so rather than claim a flag nobody will see.
+            raise MailboxCommandFailed(
+                f"UID STORE +FLAGS {flag}: the server keeps only {sorted(kept)} in {self._folder!r}"
+            )
+        if uids:
+            await self._call(f"UID STORE +FLAGS {flag}", _add_flags, self._require(), uids, flag)
+
+    async def move(self, uids: list[int], folder: str) -> None:
+        if uids:
+            await self._call(f"UID MOVE to {folder!r}", _move, self._require(), uids, folder)
+
     async def close(self) -> None:
         with self._lock:
             self._closes += 1
@@ -321,6 +356,40 @@ def _shutdown_quietly(client: IMAPClient) -> None:
         logger.debug("IMAP socket shutdown failed: %r", exc)
 
 
+def _text(flag: object) -> str:
+    return flag.decode() if isinstance(flag, bytes) else str(flag)
+
+
+def _is_keyword(flag: str) -> bool:
+    """A keyword (``$Mailroom``), not a system flag (``\\Seen``)."""
+    return not flag.startswith("\\")
+
+
+def _add_flags(client: IMAPClient, uids: list[int], flag: str) -> None:
+    # Silent: no FETCH answer per message. UIDs that are gone match nothing, which is no error.
+    client.add_flags(uids, [flag], silent=True)
+
+
+def _move(client: IMAPClient, uids: list[int], folder: str) -> None:
+    """UID MOVE (RFC 6851), or COPY, STORE \\Deleted and EXPUNGE where the server lacks it.
+
+    The fallback expunges only ``uids`` with UIDPLUS (UID EXPUNGE); without it a plain EXPUNGE
+    also removes mail someone else marked deleted in the folder. UIDs already moved away match
+    nothing and move nothing.
+    """
+    if client.has_capability("MOVE"):
+        client.move(uids, folder)
+    else:
+        client.copy(uids, folder)
+        client.add_flags(uids, [DELETED], silent=True)
+        if client.has_capability("UIDPLUS"):
+            client.uid_expunge(uids)
+        else:
+            client.expunge()
+    # The EXPUNGE responses that announced the moved mails: kept by imaplib, read by nobody.
+    client._imap.untagged_responses.pop("EXPUNGE", None)
+
+
 def _announces_mail(responses: list[Any]) -> bool:
     """Whether parsed untagged responses include an ``EXISTS`` (new mail, or a new count)."""
     return any(isinstance(r, tuple) and b"EXISTS" in r for r in responses)
@@ -366,6 +435,8 @@ class MemoryFolder:
     uidvalidity: int
     messages: dict[int, FetchedMail]
     next_uid: int = 1
+    #: Flags set on each UID (fetching sets none, like BODY.PEEK[]).
+    flags: dict[int, set[str]] = field(default_factory=dict)
 
 
 class InMemoryMailbox:
@@ -421,6 +492,23 @@ class InMemoryMailbox:
         self.server.idle_calls += 1
         return False
 
+    async def add_flags(self, uids: list[int], flag: str) -> None:
+        assert self._folder is not None
+        for uid in uids:
+            if uid in self._folder.messages:
+                self._folder.flags.setdefault(uid, set()).add(flag)
+
+    async def move(self, uids: list[int], folder: str) -> None:
+        assert self._folder is not None
+        if folder not in self.server.folders:
+            raise MailboxCommandFailed(f"UID MOVE to {folder!r}: [TRYCREATE] no such folder")
+        source = self._folder
+        for uid in sorted(uids):
+            mail = source.messages.pop(uid, None)
+            if mail is not None:
+                moved = self.server.append(folder, mail.raw, mail.internal_date)
+                self.server.folders[folder].flags[moved] = source.flags.pop(uid, set())
+
     async def close(self) -> None:
         self.connected = False
 
@@ -445,6 +533,9 @@ class MemoryServer:
         box.next_uid += 1
         box.messages[uid] = FetchedMail(uid, raw, internal_date or datetime.now(UTC))
         return uid
+
+    def flags(self, folder: str, uid: int) -> set[str]:
+        return set(self.folders[folder].flags.get(uid, set()))
 
     def factory(self) -> MailboxFactory:
         return lambda settings: InMemoryMailbox(self, settings)

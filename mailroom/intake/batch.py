@@ -32,6 +32,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from mailroom.adapters.imap import FetchedMail, Mailbox
 from mailroom.adapters.storage import ObjectStore
 from mailroom.errors import ClaimsExhausted, LeaseLost, MailFailed
+from mailroom.intake.after_ingest import apply_after_ingest
 from mailroom.intake.cursor import Claim, adopt_uidvalidity, count_attempt
 from mailroom.intake.ingest import (
     Committed,
@@ -178,7 +179,7 @@ async def _ingest_one_by_one(
                 raise _exhausted(ctx, uid, count - 1)
             mails = await connection.fetch([uid])
             prepared = await prepare_group(mails, store=ctx.store, limits=ctx.limits)
-            await _commit(ctx, pg, prepared, result)
+            await _commit(ctx, pg, connection, prepared, result)
 
 
 async def _count_batch(ctx: BatchContext, above: int) -> None:
@@ -220,9 +221,9 @@ async def _ingest_in_order(
                     prepare = prepare_group(group, store=ctx.store, limits=ctx.limits)
                     window.append(asyncio.create_task(prepare))
                     if len(window) > GROUPS_AHEAD:
-                        await _commit_next(ctx, pg, window, result)
+                        await _commit_next(ctx, pg, connection, window, result)
             while window:
-                await _commit_next(ctx, pg, window, result)
+                await _commit_next(ctx, pg, connection, window, result)
     finally:
         pending: list[asyncio.Task[Any]] = list(window)
         if fetching is not None:
@@ -294,20 +295,23 @@ def _engine(sessions: async_sessionmaker[AsyncSession]) -> AsyncEngine:
 async def _commit_next(
     ctx: BatchContext,
     pg: psycopg.AsyncConnection[Any],
+    connection: Mailbox,
     window: deque[asyncio.Task[PreparedGroup]],
     result: BatchResult,
 ) -> None:
     prepared = await window[0]
     window.popleft()
-    await _commit(ctx, pg, prepared, result)
+    await _commit(ctx, pg, connection, prepared, result)
 
 
 async def _commit(
     ctx: BatchContext,
     pg: psycopg.AsyncConnection[Any],
+    connection: Mailbox,
     prepared: PreparedGroup,
     result: BatchResult,
 ) -> None:
+    """Commit a group, then run the mailbox's after-ingest action on the mails it committed."""
     if prepared.mails:
         outcome = await commit_group(pg, ctx.claim, prepared.mails, uidvalidity=result.uidvalidity)
         if _count(ctx, prepared.mails, outcome.committed, result):
@@ -315,6 +319,9 @@ async def _commit(
                 await ctx.nudge()
             except Exception:  # the jobs are committed; the outbox sweep publishes them anyway
                 logger.warning("Nudging the recognition publisher failed", exc_info=True)
+        # Duplicates too: their content is stored, under an earlier UID.
+        committed = [mail.uid for mail in outcome.committed]
+        await apply_after_ingest(ctx.mailbox, connection, committed)
         if outcome.error is not None:
             raise outcome.error
     if prepared.failure is not None:

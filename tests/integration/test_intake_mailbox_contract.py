@@ -336,3 +336,143 @@ def test_login_refusals_with_a_temporary_response_code_are_retryable(code):
     with pytest.raises(MailboxLoginRejected):
         with _translate_errors("connect m"):
             raise LoginError("b'[AUTHENTICATIONFAILED] Authentication failed.'")
+
+
+class FolderView:
+    """What is in a folder and how it is flagged, read beside the mailbox under test."""
+
+    def __init__(self, request: pytest.FixtureRequest, kind: str) -> None:
+        self.fake = MemoryServer() if kind == "fake" else None
+        self.server = None if self.fake else server_named(request, kind)
+        self.settings = request.getfixturevalue("imap_server").mailbox_settings("m", "x")
+        self.kind = kind
+
+    def new_folder(self) -> str:
+        if self.fake is None:
+            return new_folder(self.server)
+        name = f"t{uuid.uuid4().hex[:10]}"
+        self.fake.create_folder(name)
+        return name
+
+    def append(self, folder: str, *mails: bytes) -> list[int]:
+        if self.fake is None:
+            return self.server.append(folder, *mails)
+        return [self.fake.append(folder, raw) for raw in mails]
+
+    def mailbox(self, folder: str):
+        settings = self.settings.model_copy(update={"folder": folder})
+        if self.fake is None:
+            settings = self.server.mailbox_settings("m", folder)
+            return ImapMailbox(settings)
+        return self.fake.factory()(settings)
+
+    def uids(self, folder: str) -> list[int]:
+        if self.fake is None:
+            return self.server.uids(folder)
+        return sorted(self.fake.folders[folder].messages)
+
+    def flags(self, folder: str, uids: list[int]) -> dict[int, set[str]]:
+        if self.fake is not None:
+            return {uid: self.fake.flags(folder, uid) for uid in uids}
+        with self.server.client() as other:
+            other.select_folder(folder, readonly=True)
+            found = other.get_flags(uids)
+        return {uid: {flag.decode() for flag in found.get(uid, ())} for uid in uids}
+
+
+@pytest.fixture(params=["fake", *SERVERS])
+def folders(request):
+    return FolderView(request, request.param)
+
+
+async def test_flags_are_set_on_the_uids_only_and_setting_them_again_is_harmless(folders):
+    folder = folders.new_folder()
+    uids = folders.append(folder, *(make_mail(n) for n in range(3)))
+    box = folders.mailbox(folder)
+    await box.connect()
+    try:
+        await box.select(folder)
+        await box.add_flags(uids[:2], "\\Seen")
+        await box.add_flags(uids[:2], "\\Seen")
+        await box.add_flags([uids[1]], "\\Flagged")
+        await box.add_flags([uids[2] + 100], "\\Seen")  # no such UID: nothing to do
+    finally:
+        await box.close()
+    flags = folders.flags(folder, uids)
+    assert ["\\Seen" in flags[uid] for uid in uids] == [True, True, False], flags
+    assert ["\\Flagged" in flags[uid] for uid in uids] == [False, True, False], flags
+
+
+async def test_a_keyword_is_set_where_the_server_keeps_keywords_and_refused_where_not(folders):
+    folder = folders.new_folder()
+    uids = folders.append(folder, make_mail(0))
+    box = folders.mailbox(folder)
+    await box.connect()
+    try:
+        await box.select(folder)
+        if folders.kind == "pymap":
+            # pymap's PERMANENTFLAGS has no \*: it would answer OK and forget the keyword.
+            with pytest.raises(MailboxCommandFailed, match="keeps only"):
+                await box.add_flags(uids, "$Mailroom")
+            return
+        await box.add_flags(uids, "$Mailroom")
+    finally:
+        await box.close()
+    assert "$Mailroom" in folders.flags(folder, uids)[uids[0]]
+
+
+async def test_move_moves_the_uids_once_and_a_second_move_finds_nothing(folders):
+    folder, target = folders.new_folder(), folders.new_folder()
+    uids = folders.append(folder, *(make_mail(n) for n in range(3)))
+    box = folders.mailbox(folder)
+    await box.connect()
+    try:
+        await box.select(folder)
+        await box.move(uids[:2], target)
+        await box.move(uids[:2], target)  # already gone: no error, nothing copied again
+        assert await box.uids_above(0) == uids[2:]
+        assert [m.uid for m in await box.fetch(uids)] == uids[2:]
+    finally:
+        await box.close()
+    assert folders.uids(folder) == uids[2:]
+    assert len(folders.uids(target)) == 2
+
+
+async def test_move_to_a_folder_that_does_not_exist_fails_and_moves_nothing(folders):
+    folder = folders.new_folder()
+    uids = folders.append(folder, make_mail(0))
+    box = folders.mailbox(folder)
+    await box.connect()
+    try:
+        await box.select(folder)
+        with pytest.raises(MailboxCommandFailed, match="MOVE"):
+            await box.move(uids, "no-such-folder")
+        await box.check_health()  # the connection is fine
+    finally:
+        await box.close()
+    assert folders.uids(folder) == uids
+
+
+@on_every_server
+async def test_move_without_the_move_capability_copies_deletes_and_expunges_those_uids(
+    mail_server, mail_folder, monkeypatch
+):
+    target = new_folder(mail_server)
+    uids = mail_server.append(mail_folder, *(make_mail(n) for n in range(3)))
+    with mail_server.client() as other:  # someone else's deleted mail is not expunged by us
+        other.select_folder(mail_folder)
+        other.add_flags([uids[2]], [b"\\Deleted"])
+    capable = IMAPClient.has_capability
+    monkeypatch.setattr(
+        IMAPClient, "has_capability", lambda self, name: name != "MOVE" and capable(self, name)
+    )
+    box = ImapMailbox(mail_server.mailbox_settings("m", mail_folder))
+    await box.connect()
+    try:
+        await box.select(mail_folder)
+        await box.move(uids[:2], target)
+        await box.move(uids[:2], target)
+    finally:
+        await box.close()
+    assert mail_server.uids(mail_folder) == uids[2:]
+    assert len(mail_server.uids(target)) == 2

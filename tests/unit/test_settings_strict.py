@@ -167,3 +167,33 @@ def test_passwords_in_urls_are_masked():
     assert mask_passwords(text) == (
         "redis://:***@h:6379/0 amqp://guest:***@rabbit:5672/ postgresql://u@h/x"
     )
+
+
+def test_after_ingest_move_without_a_folder_fails_at_load_in_one_line():
+    with pytest.raises(ValidationError) as caught:
+        Settings(intake={"mailboxes": [{**MAILBOX, "after_ingest": "move"}]})
+    assert _config_error(caught.value) == (
+        "mailroom: configuration error: intake.mailboxes.0: "
+        "mailbox 'billing': after_ingest 'move' needs move_to (a folder)"
+    )
+    moving = Settings(
+        intake={"mailboxes": [{**MAILBOX, "after_ingest": "move", "move_to": "Done"}]}
+    )
+    assert moving.intake.mailboxes[0].move_to == "Done"
+
+
+@pytest.mark.parametrize("flag", ["$Mailroom", "\\Flagged", "Processed_1"])
+def test_after_ingest_flag_takes_keywords_and_system_flags(flag):
+    assert Settings(intake={"mailboxes": [{**MAILBOX, "after_ingest_flag": flag}]})
+
+
+@pytest.mark.parametrize("flag", ["", "two words", "(x)", "a*", "\\", 'say"'])
+def test_after_ingest_flag_that_is_no_imap_flag_fails_at_load(flag):
+    with pytest.raises(ValidationError, match="is not an IMAP flag"):
+        Settings(intake={"mailboxes": [{**MAILBOX, "after_ingest_flag": flag}]})
+
+
+def test_after_ingest_move_to_the_folder_it_reads_fails_at_load():
+    mailbox = {**MAILBOX, "after_ingest": "move", "move_to": "INBOX"}
+    with pytest.raises(ValidationError, match="move_to is the folder it reads"):
+        Settings(intake={"mailboxes": [mailbox]})
