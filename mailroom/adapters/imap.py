@@ -141,7 +141,7 @@ class ImapMailbox:
         self._client: IMAPClient | None = None
         self._folder: str | None = None
         #: The folder's PERMANENTFLAGS from SELECT; None when it named none (all are kept).
-        self._permanent_flags: set[str] | None = None
+        self._permanent_flags: list[str] | None = None
         # Guards ``_client`` and ``_closes`` between the event loop and a connecting thread:
         # a connect that completes after close() must end its own connection.
         self._lock = threading.Lock()
@@ -217,7 +217,7 @@ class ImapMailbox:
         self._folder = folder
         info = await self._call(f"SELECT {folder!r}", _select, self._require(), folder)
         permanent = info.get(b"PERMANENTFLAGS")
-        self._permanent_flags = None if permanent is None else {_text(f).lower() for f in permanent}
+        self._permanent_flags = None if permanent is None else [_text(f) for f in permanent]
         try:
             return int(info[b"UIDVALIDITY"])
         except (KeyError, TypeError, ValueError) as exc:
@@ -291,19 +291,17 @@ class ImapMailbox:
         return await self._call("IDLE", self._idle, timeout_s)
 
     async def add_flags(self, uids: list[int], flag: str) -> None:
+        if not uids:
+            return
         kept = self._permanent_flags
-        if (
-            kept is not None
-            and flag.lower() not in kept
-            and not (_is_keyword(flag) and "\\*" in kept)
-        ):
+        if kept is not None and not _keeps(kept, flag):
             # The server would answer OK and keep the flag only for this session (pymap keeps
             # no keywords): say so rather than claim a flag nobody will see.
             raise MailboxCommandFailed(
-                f"UID STORE +FLAGS {flag}: the server keeps only {sorted(kept)} in {self._folder!r}"
+                f"UID STORE +FLAGS {flag}: the server keeps only {' '.join(kept)} "
+                f"in {self._folder!r}"
             )
-        if uids:
-            await self._call(f"UID STORE +FLAGS {flag}", _add_flags, self._require(), uids, flag)
+        await self._call(f"UID STORE +FLAGS {flag}", _add_flags, self._require(), uids, flag)
 
     async def move(self, uids: list[int], folder: str) -> None:
         if uids:
@@ -360,9 +358,13 @@ def _text(flag: object) -> str:
     return flag.decode() if isinstance(flag, bytes) else str(flag)
 
 
-def _is_keyword(flag: str) -> bool:
-    """A keyword (``$Mailroom``), not a system flag (``\\Seen``)."""
-    return not flag.startswith("\\")
+def _keeps(permanent: list[str], flag: str) -> bool:
+    """Whether a folder whose PERMANENTFLAGS are ``permanent`` keeps ``flag`` (RFC 3501 7.1).
+
+    Flags compare without case; ``\\*`` lets any keyword be created, not a system flag.
+    """
+    kept = {f.lower() for f in permanent}
+    return flag.lower() in kept or (not flag.startswith("\\") and "\\*" in kept)
 
 
 def _add_flags(client: IMAPClient, uids: list[int], flag: str) -> None:
