@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Collection
+from collections.abc import AsyncIterator, Collection
+from contextlib import asynccontextmanager
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -67,6 +68,26 @@ async def count_attempts(
         return await _add(session, job_ids, key, 1)
 
 
+async def deaths(
+    sessions: async_sessionmaker[AsyncSession], job_ids: Collection[uuid.UUID], key: str
+) -> dict[uuid.UUID, int]:
+    """The attempts at ``key`` counted on each job that never came back (without counting one)."""
+    if not job_ids:
+        return {}
+    async with sessions() as session:
+        rows = await session.execute(_DEATHS, {"ids": sorted(set(job_ids)), "key": key})
+        return {job_id: int(n) for job_id, n in rows}
+
+
+_DEATHS = text(
+    """
+    SELECT id, CASE WHEN jsonb_typeof(metrics -> CAST(:key AS text)) = 'number'
+                    THEN CAST(metrics ->> CAST(:key AS text) AS integer) ELSE 0 END
+      FROM recognition_job WHERE id = ANY(:ids)
+    """
+)
+
+
 async def give_back(
     sessions: async_sessionmaker[AsyncSession], job_ids: Collection[uuid.UUID], key: str
 ) -> None:
@@ -78,3 +99,33 @@ async def give_back(
             await _add(session, job_ids, key, -1)
     except Exception:  # the database may be why the attempt failed: the count then stays
         logger.warning("Could not give back %s of %d job(s)", key, len(job_ids), exc_info=True)
+
+
+#: Advisory lock keys under which a suspect attempt runs alone (any constant unique to us).
+MAPPING_ALONE_KEY = 0x6D61_7070  # "mapp"
+INBOX_ALONE_KEY = 0x696E_626F  # "inbo"
+#: How long a suspect attempt waits for its turn before it is retried later, in seconds.
+ALONE_WAIT_S = 30.0
+
+
+@asynccontextmanager
+async def alone(
+    sessions: async_sessionmaker[AsyncSession], key: int, *, wait_s: float = ALONE_WAIT_S
+) -> AsyncIterator[None]:
+    """Run the block as the only suspect attempt of its kind, system-wide.
+
+    A death charges every attempt in flight in that process: an innocent job
+    redelivered together with a poison one would run beside it again and again
+    and run out of attempts with it. So an attempt that finds a death already
+    counted (a suspect) runs under a transaction-level advisory lock: suspects
+    never share a death, and an innocent one succeeds on its turn. The lock goes
+    with the transaction, or with the connection when the process dies. Waiting
+    longer than ``wait_s`` raises (Postgres's lock timeout): the actor retries.
+    """
+    async with sessions() as session, session.begin():
+        timeout = f"{max(1, int(wait_s * 1000))}ms"
+        await session.execute(
+            text("SELECT set_config('lock_timeout', :timeout, true)"), {"timeout": timeout}
+        )
+        await session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": key})
+        yield

@@ -62,6 +62,24 @@ async def apply_counted(
 ) -> list[InboxOutcome]:
     """One message counted on its own job, then applied, or its job failed past the maximum."""
     job_id = message.response.job_id
+    died = await attempts.deaths(sessions, [job_id], attempts.INBOX_ATTEMPTS)
+    if died.get(job_id, 0) > 0:
+        # An earlier attempt died. Run alone, and wait for the turn before counting: a
+        # neighbour's death is not counted on this job.
+        async with attempts.alone(sessions, attempts.INBOX_ALONE_KEY):
+            return await _counted(sessions, message, apply_one, max_attempts=max_attempts, now=now)
+    return await _counted(sessions, message, apply_one, max_attempts=max_attempts, now=now)
+
+
+async def _counted(
+    sessions: async_sessionmaker[AsyncSession],
+    message: Parsed,
+    apply_one: ApplyOne,
+    *,
+    max_attempts: int,
+    now: datetime | None,
+) -> list[InboxOutcome]:
+    job_id = message.response.job_id
     counts = await attempts.count_attempts(sessions, [job_id], attempts.INBOX_ATTEMPTS)
     tries = counts.get(job_id, 0)
     try:

@@ -34,6 +34,7 @@ from mailroom.recognition.contracts import RecognitionResult, parse_json_object
 from mailroom.recognition.finality import MAX_REASON_CHARS, finalize_mails
 from mailroom.recognition.replay import ReplayedJob, replay_job
 from mailroom.recognition.violations import (
+    CONTRACT_ERROR_CODES,
     FOREIGN_BUCKET,
     INVALID_RESULT,
     MAX_SERVICE_CHARS,
@@ -104,7 +105,9 @@ class MappingOutcome:
 _LOAD = text(
     """
     SELECT j.id, j.status, j.attempt, j.mapped_at, j.error_code, j.error_message,
-           j.result_msg_id, j.service_name, o.bucket, o.key
+           j.result_msg_id, j.service_name, o.bucket, o.key,
+           CASE WHEN jsonb_typeof(j.metrics -> 'mapping_attempts') = 'number'
+                THEN CAST(j.metrics ->> 'mapping_attempts' AS integer) ELSE 0 END AS deaths
       FROM recognition_job AS j
       LEFT JOIN stored_object AS o ON o.id = j.result_object_id
      WHERE j.id = :id
@@ -138,7 +141,7 @@ _MARK_MAPPED = text(
     """
     UPDATE recognition_job
        SET mapped_at = :now,
-           status = CASE WHEN CAST(:error_code AS text) IS NULL THEN status ELSE 'error' END,
+           status = CASE WHEN :broke_contract THEN 'error' ELSE status END,
            error_code = COALESCE(:error_code, error_code),
            error_message = COALESCE(:error_message, error_message)
      WHERE id = :id
@@ -252,6 +255,24 @@ async def map_recognition_result(
         )
         return MappingOutcome(job_id, "not_a_result")
 
+    if job.deaths > 0:
+        # An earlier attempt died. Run alone, and wait for the turn before counting: a
+        # neighbour's death (a poison result redelivered with this one) is not counted here.
+        async with attempts.alone(sessions, attempts.MAPPING_ALONE_KEY):
+            return await _counted(sessions, store, job, job_id, settings=settings, now=now)
+    return await _counted(sessions, store, job, job_id, settings=settings, now=now)
+
+
+async def _counted(
+    sessions: async_sessionmaker[AsyncSession],
+    store: ResultReader,
+    job: Any,
+    job_id: uuid.UUID,
+    *,
+    settings: RecognitionSettings,
+    now: datetime | None,
+) -> MappingOutcome:
+    """Count the attempt, then map (or settle the job as exhausted); give the attempt back."""
     tries = (await attempts.count_attempts(sessions, [job_id], attempts.MAPPING_ATTEMPTS))[job_id]
     try:
         if tries > settings.max_processing_attempts:
@@ -327,6 +348,11 @@ async def _write(
                 "now": now,
                 "error_code": verdict.invalid_result.code if verdict.invalid_result else None,
                 "error_message": verdict.invalid_result.message if verdict.invalid_result else None,
+                # The service's document broke the contract: the job failed, as in the inbox.
+                # (Mapping's own failure, MAPPING_ATTEMPTS_EXHAUSTED, keeps the service's status.)
+                "broke_contract": bool(
+                    verdict.invalid_result and verdict.invalid_result.code in CONTRACT_ERROR_CODES
+                ),
             },
         )
         if not row.is_current:

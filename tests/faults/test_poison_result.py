@@ -41,7 +41,8 @@ def test_a_result_that_kills_the_inbox_or_mapping_fails_its_job_and_the_rest_flo
     system.wait_for("every mail final and notified", notified, timeout_s=120)
 
     files = system.query(
-        "SELECT f.original_name, f.status, split_part(f.status_reason, ':', 1), j.status, "
+        "SELECT f.original_name, f.status, COALESCE(split_part(f.status_reason, ':', 1), ''), "
+        "j.status, "
         "j.error_code, m.status FROM stored_file AS f "
         "JOIN recognition_job AS j ON j.id = f.current_recognition_job_id "
         "JOIN inbound_mail AS m ON m.id = f.mail_id ORDER BY f.id"

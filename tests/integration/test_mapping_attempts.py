@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
+from sqlalchemy.exc import DBAPIError
 
 from mailroom.adapters.storage import build_store
 from mailroom.errors import ServiceUnavailable
@@ -103,3 +106,25 @@ async def test_attempts_that_raise_are_given_back_so_an_outage_uses_none_up(
 
     assert "mapping_attempts" not in (await recognition_factory.job(ref.job_id))["metrics"]
     assert (await flow.map(ref.job_id)).file_status == "RECOGNIZED"
+
+
+async def test_suspect_attempts_run_one_at_a_time(db_sessions):
+    # Suspects (an earlier attempt died) never share a death: one runs, the next waits its turn.
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def first() -> None:
+        async with attempts.alone(db_sessions, attempts.MAPPING_ALONE_KEY):
+            entered.set()
+            await release.wait()
+
+    holder = asyncio.create_task(first())
+    await entered.wait()
+    with pytest.raises(DBAPIError):  # the lock timeout: the actor retries it later
+        async with attempts.alone(db_sessions, attempts.MAPPING_ALONE_KEY, wait_s=0.2):
+            pass
+    async with attempts.alone(db_sessions, attempts.INBOX_ALONE_KEY, wait_s=0.2):
+        pass  # another kind of work is not held up
+    release.set()
+    await holder
+    async with attempts.alone(db_sessions, attempts.MAPPING_ALONE_KEY, wait_s=0.2):
+        pass
