@@ -11,7 +11,7 @@ import sys
 
 import typer
 
-from mailroom.cli import dead_letters, delivery, dev, errors, intake, recognition
+from mailroom.cli import dead_letters, delivery, dev, errors, intake, recognition, recognizer
 from mailroom.settings import Settings
 
 # NOTE: tracebacks with locals would print URLs with their passwords.
@@ -22,6 +22,7 @@ bridge_app = typer.Typer(no_args_is_help=True, help="Long-running consumers that
 app.add_typer(bridge_app, name="bridge")
 app.add_typer(intake.app, name="intake")
 app.add_typer(recognition.app, name="recognition")
+app.add_typer(recognizer.app, name="recognizer")
 app.add_typer(delivery.app, name="delivery")
 app.add_typer(dead_letters.app, name="dead-letters")
 app.command("notify")(delivery.notify)
@@ -122,15 +123,6 @@ def scheduler() -> None:
     """Run the periodic jobs; one leader at a time through a Postgres advisory lock."""
     settings = load_settings("scheduler")
     from scheduling.runner import run
-
-    raise typer.Exit(run(settings))
-
-
-@app.command()
-def recognizer() -> None:
-    """Run the reference recognition service (dev, demo, tests)."""
-    settings = load_settings("recognizer")
-    from mailroom.recognition.reference import run
 
     raise typer.Exit(run(settings))
 

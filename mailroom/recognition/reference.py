@@ -194,6 +194,7 @@ class ReferenceRecognizer:
     async def _handle(self, subject: str, data: bytes) -> None:
         request = _parse_request(subject, data)
         if request is None:
+            await self._refuse(data)
             return
         key: JobKey = (request.job_id, request.attempt)
         async with self._slots:
@@ -324,6 +325,27 @@ class ReferenceRecognizer:
             error=ResponseError(code=code[:100], message=message[:4000]),
         )
 
+    async def _refuse(self, data: bytes) -> None:
+        """Answer ``INVALID_REQUEST`` to a request that breaks the contract but names its job."""
+        named = _named_job(data)
+        if named is None or self.faults.drop_results:
+            return
+        job_id, file_id, attempt = named
+        answer = RecognitionResponse(
+            job_id=job_id,
+            file_id=file_id,
+            status="error",
+            service=self.service,
+            error=ResponseError(code="INVALID_REQUEST", message="the request breaks the contract"),
+        )
+        try:
+            await self._publish(answer, result_msg_id(job_id, attempt))
+            await self._connection().flush()
+        except (AppError, nats.errors.Error, OSError) as exc:
+            logger.warning(
+                "recognizer: job %s refusal not published: %s", job_id, type(exc).__name__
+            )
+
     def _remember(self, key: JobKey, answer: RecognitionResponse) -> None:
         self._answers[key] = answer
         self._answers.move_to_end(key)
@@ -386,6 +408,19 @@ def _parse_request(subject: str, data: bytes) -> RecognitionRequest | None:
             type(exc).__name__,
         )
         return None
+
+
+def _named_job(data: bytes) -> tuple[uuid.UUID, int, int] | None:
+    """Job id, file id and attempt of a request, when it names them validly."""
+    try:
+        body = parse_json_object(data)
+        job_id = uuid.UUID(str(body.get("job_id")))
+    except ValueError:
+        return None
+    file_id, attempt = body.get("file_id"), body.get("attempt")
+    if type(file_id) is not int or type(attempt) is not int or attempt < 1:
+        return None
+    return job_id, file_id, attempt
 
 
 def run(settings: Settings) -> int:

@@ -89,7 +89,8 @@ def _mailroom_command_exists(words: list[str]) -> bool:
         if command is None:
             return False
         words = words[1:]
-    if _is_group(command):
+    # A group runs by itself only when it says so (`mailroom recognizer`, beside its `check`).
+    if _is_group(command) and not command.invoke_without_command:
         return False
     try:
         context = command.make_context("mailroom", list(words))

@@ -26,6 +26,7 @@ from mailroom.adapters.nats.publisher import (
 from mailroom.adapters.nats.subscriptions import (
     ResultSubscription,
     subscribe_core,
+    subscribe_every,
     subscribe_pull,
 )
 from mailroom.adapters.nats.translate import translate_errors
@@ -165,6 +166,10 @@ class NatsClient:
         if self.jetstream:
             return await subscribe_pull(self._require_js(), self.settings)
         return await subscribe_core(self._require_nc(), self.settings)
+
+    async def watch(self, subject: str, *, buffer: int = 1_000) -> ResultSubscription:
+        """Every message on ``subject`` (no queue group, no JetStream consumer)."""
+        return await subscribe_every(self._require_nc(), subject, buffer=buffer)
 
     def _require_nc(self) -> NatsConnection:
         if self._nc is None or not self._nc.is_connected:

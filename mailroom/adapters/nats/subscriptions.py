@@ -81,6 +81,18 @@ async def subscribe_core(nc: NatsConnection, settings: NatsSettings) -> ResultSu
     return core
 
 
+async def subscribe_every(nc: NatsConnection, subject: str, *, buffer: int) -> ResultSubscription:
+    """A plain subscription (no queue group) that sees every message on ``subject``.
+
+    For tools that watch a subject beside the consumers that own it (the conformance check).
+    """
+    core = _CoreSubscription(buffer=buffer)
+    with translate_errors(f"subscribe {subject}"):
+        core.sub = await nc.subscribe(subject, cb=core.on_message)
+        await nc.flush()
+    return core
+
+
 async def _noop() -> None:
     return None
 

@@ -1,0 +1,80 @@
+"""`mailroom recognizer`: run the reference recognition service, or check a live one.
+
+``check`` plays Mailroom's side against any recognition service (see
+``mailroom.recognition.conformance``): a table of rules with pass/fail, exit 1 on
+any failure. It reads no database, only NATS and the object store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from mailroom.recognition.conformance import CheckRow, CheckTimeouts
+
+app = typer.Typer(
+    invoke_without_command=True,
+    help="Run the reference recognition service (dev, demo, tests), or check a live service.",
+)
+
+
+@app.callback()
+def recognizer(ctx: typer.Context) -> None:
+    """Run the reference recognition service (dev, demo, tests); `check` tests a live one."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from mailroom.cli import load_settings
+    from mailroom.recognition.reference import run
+
+    raise typer.Exit(run(load_settings("recognizer")))
+
+
+@app.command()
+def check(
+    nats_url: str | None = typer.Option(
+        None,
+        "--nats",
+        metavar="URL",
+        help="NATS server of the service (default: MAILROOM_NATS__URL).",
+    ),
+    ack_timeout_s: float = typer.Option(
+        5.0, "--ack-timeout", min=0.1, help="Seconds from a request to its ack."
+    ),
+    result_timeout_s: float = typer.Option(
+        15.0, "--result-timeout", min=0.1, help="Seconds from a request to its result."
+    ),
+) -> None:
+    """Check a live recognition service against the contract; exit 1 on any failed row.
+
+    Sample files go to the object store of the settings (MAILROOM_STORAGE__*), requests to
+    the request subjects (with MAILROOM_NATS__SUBJECT_PREFIX). The database is not used.
+    """
+    from mailroom.adapters.storage import build_store
+    from mailroom.cli import load_settings
+    from mailroom.recognition.conformance import check_service
+
+    settings = load_settings("cli")
+    if nats_url:
+        settings = settings.model_copy(
+            update={"nats": settings.nats.model_copy(update={"url": nats_url})}
+        )
+    timeouts = CheckTimeouts(ack_s=ack_timeout_s, result_s=result_timeout_s)
+    rows = asyncio.run(check_service(settings, store=build_store(settings), timeouts=timeouts))
+    Console().print(render_rows(rows))
+    failed = sum(not row.passed for row in rows)
+    if failed:
+        typer.echo(f"{failed} of {len(rows)} checks failed", err=True)
+        raise typer.Exit(1)
+
+
+def render_rows(rows: list[CheckRow]) -> Table:
+    table = Table(title="Recognition service conformance")
+    table.add_column("check")
+    table.add_column("result")
+    table.add_column("detail")
+    for row in rows:
+        table.add_row(row.name, "[green]pass[/]" if row.passed else "[red]FAIL[/]", row.detail)
+    return table

@@ -1,0 +1,142 @@
+"""`mailroom recognizer check` against the reference recognizer, well-behaved and faulty."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from mailroom.adapters.storage import build_store
+from mailroom.recognition.conformance import CheckTimeouts, check_service
+from mailroom.recognition.contracts import RecognitionResponse
+from mailroom.recognition.reference import ReferenceRecognizer
+from mailroom.recognition.reference_faults import RecognizerFaults
+
+pytestmark = pytest.mark.integration
+
+#: Short waits: the reference recognizer answers in milliseconds.
+TIMEOUTS = CheckTimeouts(ack_s=1.0, result_s=1.5)
+
+ACKS = {"ack (tabular)", "ack (image)"}
+RESULTS = {"result (tabular)", "result (image)"}
+
+
+async def _check(settings) -> dict[str, bool]:
+    rows = await check_service(settings, store=build_store(settings), timeouts=TIMEOUTS)
+    return {row.name: row.passed for row in rows}
+
+
+def _failed(rows: dict[str, bool]) -> set[str]:
+    return {name for name, passed in rows.items() if not passed}
+
+
+async def test_the_reference_recognizer_passes_every_check(start_recognizer, recognizer_settings):
+    await start_recognizer()
+
+    rows = await _check(recognizer_settings)
+
+    assert len(rows) == 10
+    assert _failed(rows) == set()
+
+
+async def test_duplicate_results_under_one_msg_id_are_tolerated(
+    start_recognizer, recognizer_settings
+):
+    await start_recognizer(RecognizerFaults(duplicate_results=True))
+
+    assert _failed(await _check(recognizer_settings)) == set()
+
+
+async def test_dropped_acks_fail_the_ack_rows_only(start_recognizer, recognizer_settings):
+    await start_recognizer(RecognizerFaults(drop_acks=True))
+
+    assert _failed(await _check(recognizer_settings)) == ACKS
+
+
+async def test_dropped_results_fail_the_result_rows(start_recognizer, recognizer_settings):
+    await start_recognizer(RecognizerFaults(drop_results=True))
+
+    failed = _failed(await _check(recognizer_settings))
+
+    assert RESULTS <= failed
+    assert "missing object → error" in failed
+    assert not failed & ACKS
+
+
+async def test_a_service_failing_every_file_fails_the_result_rows_only(
+    start_recognizer, recognizer_settings
+):
+    await start_recognizer(RecognizerFaults(fail_with="OCR_FAILED"))
+
+    # The document row fails too: no sample result named a document.
+    assert _failed(await _check(recognizer_settings)) == {
+        *RESULTS,
+        "result documents match the contract",
+    }
+
+
+async def test_results_later_than_the_deadline_fail_the_result_rows(
+    start_recognizer, recognizer_settings
+):
+    await start_recognizer(RecognizerFaults(delay_s=TIMEOUTS.result_s + 0.5))
+
+    failed = _failed(await _check(recognizer_settings))
+
+    assert RESULTS <= failed
+    assert not failed & ACKS
+
+
+class _UuidFileIds(ReferenceRecognizer):
+    """Answers with a UUID ``file_id``: the mistake the issue's first outside service made."""
+
+    async def _publish(self, response: RecognitionResponse, msg_id: str) -> None:
+        body = response.model_dump_json(exclude_none=True)
+        broken = body.replace(f'"file_id":{response.file_id}', f'"file_id":"{response.job_id}"')
+        await self._connection().publish(
+            self.results_subject, broken.encode(), headers={"Nats-Msg-Id": msg_id}
+        )
+
+
+async def test_a_message_off_the_contract_fails_the_contract_row(recognizer_settings):
+    async with _UuidFileIds(recognizer_settings):
+        failed = _failed(await _check(recognizer_settings))
+
+    assert "messages match the contract" in failed
+    assert "message ids" not in failed
+
+
+async def test_the_command_prints_the_table_and_exits_0_for_the_reference(
+    start_recognizer, recognizer_settings, tmp_path
+):
+    await start_recognizer()
+    env = {
+        **os.environ,
+        "MAILROOM_STATE_DIR": str(tmp_path),
+        "MAILROOM_NATS__SUBJECT_PREFIX": recognizer_settings.nats.subject_prefix,
+        "COLUMNS": "160",
+    }
+    process = await asyncio.create_subprocess_exec(
+        str(Path(sys.executable).parent / "mailroom"),
+        "recognizer",
+        "check",
+        "--nats",
+        recognizer_settings.nats.url,
+        "--ack-timeout",
+        "2",
+        "--result-timeout",
+        "3",
+        env=env,
+        cwd=tmp_path,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    stdout, stderr = await asyncio.wait_for(process.communicate(), 30)
+
+    output = stdout.decode()
+    print(output)
+    assert process.returncode == 0, stderr.decode(errors="replace")[-2000:]
+    assert "idempotency" in output
+    assert "FAIL" not in output
