@@ -13,6 +13,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from mailroom.cli import errors
+from mailroom.errors import NatsUnavailable
 from mailroom.recognition.conformance import CheckRow, CheckTimeouts
 
 app = typer.Typer(
@@ -49,8 +51,8 @@ def check(
 ) -> None:
     """Check a live recognition service against the contract; exit 1 on any failed row.
 
-    Sample files go to the object store of the settings (MAILROOM_STORAGE__*), requests to
-    the request subjects (with MAILROOM_NATS__SUBJECT_PREFIX). The database is not used.
+    Samples go to the object store of MAILROOM_STORAGE__*, requests to the request subjects
+    (with MAILROOM_NATS__SUBJECT_PREFIX); no database is used.
     """
     from mailroom.adapters.storage import build_store
     from mailroom.cli import load_settings
@@ -62,7 +64,20 @@ def check(
             update={"nats": settings.nats.model_copy(update={"url": nats_url})}
         )
     timeouts = CheckTimeouts(ack_s=ack_timeout_s, result_s=result_timeout_s)
-    rows = asyncio.run(check_service(settings, store=build_store(settings), timeouts=timeouts))
+    store = build_store(settings)
+    try:
+        rows = asyncio.run(check_service(settings, store=store, timeouts=timeouts))
+    except NatsUnavailable as exc:
+        if errors.show_tracebacks:
+            raise
+        line = errors.mask_passwords(f"mailroom: recognizer check: cannot reach NATS: {exc}")
+        typer.echo(line, err=True)
+        typer.echo("  Is it running? Check --nats (or MAILROOM_NATS__URL).", err=True)
+        raise typer.Exit(errors.EXIT_UNAVAILABLE) from None
+    finally:
+        close = getattr(store, "close", None)
+        if close is not None:
+            close()
     Console().print(render_rows(rows))
     failed = sum(not row.passed for row in rows)
     if failed:

@@ -140,3 +140,18 @@ async def test_the_command_prints_the_table_and_exits_0_for_the_reference(
     assert process.returncode == 0, stderr.decode(errors="replace")[-2000:]
     assert "idempotency" in output
     assert "FAIL" not in output
+
+
+def test_an_unreachable_nats_is_one_line_without_the_password(monkeypatch, tmp_path):
+    from typer.testing import CliRunner
+
+    from mailroom.cli import app
+
+    monkeypatch.setenv("MAILROOM_STATE_DIR", str(tmp_path))
+    monkeypatch.setenv("MAILROOM_NATS__INITIAL_CONNECT_ATTEMPTS", "1")
+
+    result = CliRunner().invoke(app, ["recognizer", "check", "--nats", "nats://u:pw@127.0.0.1:1"])
+
+    assert result.exit_code == 1
+    assert "cannot reach NATS" in result.output
+    assert "pw@" not in result.output
