@@ -108,6 +108,54 @@ async def test_a_message_off_the_contract_fails_the_contract_row(recognizer_sett
     assert "message ids" not in failed
 
 
+class _OwnShapeDocuments:
+    """A store that writes every result document in a shape of its own."""
+
+    def __init__(self, store) -> None:
+        self._store = store
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+    async def put(self, role, key, data, **kwargs):
+        if role == "results":
+            data = b'{"invoice": {"total": 1250.5}}'
+        return await self._store.put(role, key, data, **kwargs)
+
+
+async def test_a_result_document_off_the_contract_fails_the_document_row(recognizer_settings):
+    store = _OwnShapeDocuments(build_store(recognizer_settings))
+    async with ReferenceRecognizer(recognizer_settings, store=store):
+        failed = _failed(await _check(recognizer_settings))
+
+    assert failed == {"result documents match the contract"}
+
+
+class _ChangesItsMind(ReferenceRecognizer):
+    """Remembers nothing and answers a repeated request with another answer."""
+
+    seen: set
+
+    async def _answer(self, request):
+        if request.job_id in self.seen:
+            return self._error(request, "EMPTY", "another answer")
+        self.seen.add(request.job_id)
+        return await super()._answer(request)
+
+    def _remember(self, key, answer) -> None:
+        return None
+
+
+async def test_another_answer_to_a_repeated_request_fails_the_idempotency_row(
+    recognizer_settings,
+):
+    _ChangesItsMind.seen = set()
+    async with _ChangesItsMind(recognizer_settings):
+        failed = _failed(await _check(recognizer_settings))
+
+    assert failed == {"idempotency (same request twice)"}
+
+
 async def test_the_command_prints_the_table_and_exits_0_for_the_reference(
     start_recognizer, recognizer_settings, tmp_path
 ):
