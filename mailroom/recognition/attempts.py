@@ -68,26 +68,6 @@ async def count_attempts(
         return await _add(session, job_ids, key, 1)
 
 
-async def deaths(
-    sessions: async_sessionmaker[AsyncSession], job_ids: Collection[uuid.UUID], key: str
-) -> dict[uuid.UUID, int]:
-    """The attempts at ``key`` counted on each job that never came back (without counting one)."""
-    if not job_ids:
-        return {}
-    async with sessions() as session:
-        rows = await session.execute(_DEATHS, {"ids": sorted(set(job_ids)), "key": key})
-        return {job_id: int(n) for job_id, n in rows}
-
-
-_DEATHS = text(
-    """
-    SELECT id, CASE WHEN jsonb_typeof(metrics -> CAST(:key AS text)) = 'number'
-                    THEN CAST(metrics ->> CAST(:key AS text) AS integer) ELSE 0 END
-      FROM recognition_job WHERE id = ANY(:ids)
-    """
-)
-
-
 async def give_back(
     sessions: async_sessionmaker[AsyncSession], job_ids: Collection[uuid.UUID], key: str
 ) -> None:
@@ -101,9 +81,9 @@ async def give_back(
         logger.warning("Could not give back %s of %d job(s)", key, len(job_ids), exc_info=True)
 
 
-#: Advisory lock keys under which a suspect attempt runs alone (any constant unique to us).
-MAPPING_ALONE_KEY = 0x6D61_7070  # "mapp"
-INBOX_ALONE_KEY = 0x696E_626F  # "inbo"
+#: The advisory lock under which a suspect attempt runs alone: one for the inbox and mapping,
+#: as a death in one charges the other's attempts in flight in the same process too.
+ALONE_KEY = 0x7265_636F  # "reco"
 #: How long a suspect attempt waits for its turn before it is retried later, in seconds.
 ALONE_WAIT_S = 30.0
 

@@ -61,14 +61,10 @@ async def apply_counted(
     now: datetime | None,
 ) -> list[InboxOutcome]:
     """One message counted on its own job, then applied, or its job failed past the maximum."""
-    job_id = message.response.job_id
-    died = await attempts.deaths(sessions, [job_id], attempts.INBOX_ATTEMPTS)
-    if died.get(job_id, 0) > 0:
-        # An earlier attempt died. Run alone, and wait for the turn before counting: a
-        # neighbour's death is not counted on this job.
-        async with attempts.alone(sessions, attempts.INBOX_ALONE_KEY):
-            return await _counted(sessions, message, apply_one, max_attempts=max_attempts, now=now)
-    return await _counted(sessions, message, apply_one, max_attempts=max_attempts, now=now)
+    # Only a batch's death leads here, so every message is a suspect: each runs alone, and
+    # waits for its turn before it is counted, so no neighbour's death is counted on its job.
+    async with attempts.alone(sessions, attempts.ALONE_KEY):
+        return await _counted(sessions, message, apply_one, max_attempts=max_attempts, now=now)
 
 
 async def _counted(

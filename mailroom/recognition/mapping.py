@@ -258,7 +258,7 @@ async def map_recognition_result(
     if job.deaths > 0:
         # An earlier attempt died. Run alone, and wait for the turn before counting: a
         # neighbour's death (a poison result redelivered with this one) is not counted here.
-        async with attempts.alone(sessions, attempts.MAPPING_ALONE_KEY):
+        async with attempts.alone(sessions, attempts.ALONE_KEY):
             return await _counted(sessions, store, job, job_id, settings=settings, now=now)
     return await _counted(sessions, store, job, job_id, settings=settings, now=now)
 

@@ -113,18 +113,16 @@ async def test_suspect_attempts_run_one_at_a_time(db_sessions):
     entered, release = asyncio.Event(), asyncio.Event()
 
     async def first() -> None:
-        async with attempts.alone(db_sessions, attempts.MAPPING_ALONE_KEY):
+        async with attempts.alone(db_sessions, attempts.ALONE_KEY):
             entered.set()
             await release.wait()
 
     holder = asyncio.create_task(first())
     await entered.wait()
     with pytest.raises(DBAPIError):  # the lock timeout: the actor retries it later
-        async with attempts.alone(db_sessions, attempts.MAPPING_ALONE_KEY, wait_s=0.2):
+        async with attempts.alone(db_sessions, attempts.ALONE_KEY, wait_s=0.2):
             pass
-    async with attempts.alone(db_sessions, attempts.INBOX_ALONE_KEY, wait_s=0.2):
-        pass  # another kind of work is not held up
     release.set()
     await holder
-    async with attempts.alone(db_sessions, attempts.MAPPING_ALONE_KEY, wait_s=0.2):
+    async with attempts.alone(db_sessions, attempts.ALONE_KEY, wait_s=0.2):
         pass
