@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal, Protocol
@@ -255,12 +256,11 @@ async def map_recognition_result(
         )
         return MappingOutcome(job_id, "not_a_result")
 
-    if job.deaths > 0:
-        # An earlier attempt died. Run alone, and wait for the turn before counting: a
-        # neighbour's death (a poison result redelivered with this one) is not counted here.
-        async with attempts.alone(sessions, attempts.ALONE_KEY):
-            return await _counted(sessions, store, job, job_id, settings=settings, now=now)
-    return await _counted(sessions, store, job, job_id, settings=settings, now=now)
+    # An earlier attempt died: run alone, and wait for the turn before counting, so that a
+    # neighbour's death (a poison result redelivered with this one) is not counted here.
+    turn = attempts.alone(sessions, attempts.ALONE_KEY) if job.deaths > 0 else nullcontext()
+    async with turn:
+        return await _counted(sessions, store, job, job_id, settings=settings, now=now)
 
 
 async def _counted(
