@@ -1,10 +1,15 @@
-"""Sample mails for ``mailroom dev``: CSV, XLSX and text documents, and one broken file."""
+"""Sample mails for ``mailroom dev``: CSV, XLSX and text documents, documents inside a forwarded
+mail and a winmail.dat, and one broken file."""
 
 from __future__ import annotations
 
 import io
 import uuid
+from email import message_from_bytes
 from email.message import EmailMessage
+from email.policy import default
+
+from mailroom.devtools.tnef import make_winmail
 
 Attachment = tuple[str, str, bytes]
 
@@ -56,6 +61,43 @@ def invoice_mails(start: int, count: int, *, tag: str = "Invoice") -> list[bytes
     ]
 
 
+def forwarded_mail(subject: str, inner: bytes, *, sender: str) -> bytes:
+    """A mail forwarding ``inner`` as an attachment (a message/rfc822 part), as clients do."""
+    message = EmailMessage()
+    message["From"] = sender
+    message["To"] = "intake@mailroom.test"
+    message["Subject"] = subject
+    message["Message-ID"] = f"<{uuid.uuid4().hex}@mailroom.test>"
+    message.set_content("Forwarding this one, see below.\n")
+    message.add_attachment(message_from_bytes(inner, policy=default), filename="forwarded.eml")
+    return message.as_bytes()
+
+
+def winmail_mail(subject: str, attachments: list[tuple[str, bytes]], *, sender: str) -> bytes:
+    """A mail as Outlook sends it in rich-text mode: its files inside one winmail.dat."""
+    winmail = make_winmail(attachments)
+    return build_mail(subject, [("winmail.dat", "application/ms-tnef", winmail)], sender=sender)
+
+
+def forwarded_invoice(number: int) -> bytes:
+    """Invoice ``number`` as a CSV in a mail that someone forwarded."""
+    original = build_mail(
+        f"Invoice {number}",
+        [(f"invoice-{number}.csv", "text/csv", invoice_csv(number))],
+        sender=f"supplier{number}@example.test",
+    )
+    return forwarded_mail(f"Fwd: Invoice {number}", original, sender="clerk@mailroom.test")
+
+
+def winmail_invoice(number: int) -> bytes:
+    """Invoice ``number`` as a CSV inside a winmail.dat."""
+    return winmail_mail(
+        f"Invoice {number}",
+        [(f"invoice-{number}.csv", invoice_csv(number))],
+        sender=f"supplier{number}@example.test",
+    )
+
+
 def sample_mails() -> list[bytes]:
     """Five mails a new user can follow from IMAP to notification."""
     return [
@@ -92,4 +134,6 @@ def sample_mails() -> list[bytes]:
             sender="Umbrella <office@umbrella.test>",
         ),
         build_mail("Hello, no attachments", [], sender="Friend <friend@example.test>"),
+        forwarded_invoice(4),
+        winmail_invoice(5),
     ]

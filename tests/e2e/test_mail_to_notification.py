@@ -1,8 +1,9 @@
 """A mail in, a notification out: the real processes on real servers.
 
-50 mails with one CSV each are appended over IMAP; each must become exactly one
-document and one delivered notification per route (log and webhook), with no
-duplicate side effect: the webhook sink sees each Idempotency-Key once.
+50 mails with one CSV each are appended over IMAP (one of them forwarded, one inside a
+winmail.dat, as real mailboxes hold them); each must become exactly one document and one
+delivered notification per route (log and webhook), with no duplicate side effect: the
+webhook sink sees each Idempotency-Key once.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from mailroom.devtools.seed import invoice_mails
+from mailroom.devtools.seed import forwarded_invoice, invoice_mails, winmail_invoice
 from mailroom.devtools.stack import free_port
 
 pytestmark = pytest.mark.e2e
@@ -38,6 +39,23 @@ def _assert_each_mail_once(system, mails: int) -> None:
     assert [item for item in received if item.duplicate] == []
     invoices = system.query("SELECT fields ->> 'invoice_number' FROM document")
     assert len({number for (number,) in invoices}) == mails
+    # The forwarded CSV and the one in winmail.dat were recognized as files of their containers.
+    extracted = system.query(
+        """SELECT f.source_path, f.status, c.status, d.fields ->> 'invoice_number'
+             FROM stored_file AS f
+             JOIN stored_file AS c ON c.id = f.parent_file_id
+             JOIN document AS d ON d.file_id = f.id
+            ORDER BY f.source_path"""
+    )
+    assert extracted == [
+        (
+            f"forwarded.eml/invoice-{mails - 1}.csv",
+            "RECOGNIZED",
+            "CONTAINER",
+            f"INV-{mails - 1:04d}",
+        ),
+        (f"winmail.dat/invoice-{mails}.csv", "RECOGNIZED", "CONTAINER", f"INV-{mails:04d}"),
+    ]
 
 
 def _worker_metrics(port: int) -> dict[str, float]:
@@ -59,7 +77,9 @@ def test_fifty_mails_become_documents_and_delivered_notifications(make_system, t
         dramatiq_prom_db=str(tmp_path / "prometheus"),  # this test's own multiprocess folder
     )
     system.start_all()
-    system.append(*invoice_mails(1, MAILS))
+    system.append(
+        *invoice_mails(1, MAILS - 2), forwarded_invoice(MAILS - 1), winmail_invoice(MAILS)
+    )
     took = system.wait_for("50 mails delivered", lambda: _done(system, MAILS), timeout_s=180)
     _assert_each_mail_once(system, MAILS)
     print(f"{MAILS} mails → documents → notifications in {took:.1f}s")

@@ -11,7 +11,7 @@ from email.mime.text import MIMEText
 import pytest
 
 from tests.fixtures.imap import on_every_server
-from tests.fixtures.tnef import make_winmail
+from mailroom.devtools.tnef import make_winmail
 
 pytestmark = [pytest.mark.integration, on_every_server]
 
