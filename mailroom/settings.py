@@ -26,7 +26,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from mailroom import settings_checks
+from mailroom import settings_checks, webhooks
 from mailroom.settings_checks import StrictEnvSource, unknown_placeholders
 
 #: Loopback ports of the embedded dev stack (``mailroom dev``).
@@ -321,7 +321,29 @@ class RecognizerSettings(StrictModel):
 class WebhookAccount(StrictModel):
     url: str
     timeout_s: float = 10.0
-    secret: SecretStr | None = None
+    #: Active signing secrets (``whsec_<base64 key>``, or a raw string of 16+ bytes); each signs
+    #: every request (``webhook-signature``), so a new one can be added before the old one goes.
+    #: A single ``secret`` key is still read as a list of one.
+    secrets: list[SecretStr] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _single_secret(cls, data: Any) -> Any:
+        """The older single ``secret`` key joins ``secrets``."""
+        if isinstance(data, dict) and "secret" in data:
+            data = dict(data)
+            single = data.pop("secret")
+            data["secrets"] = [*data.get("secrets", []), *([single] if single else [])]
+        return data
+
+    @model_validator(mode="after")
+    def _check_secrets(self) -> WebhookAccount:
+        for index, secret in enumerate(self.secrets):
+            try:
+                webhooks.secret_key(secret.get_secret_value())
+            except ValueError as exc:
+                raise ValueError(f"secrets.{index}: {exc}") from None
+        return self
 
 
 class EmailAccount(StrictModel):

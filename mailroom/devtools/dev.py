@@ -103,7 +103,7 @@ def _dev_delivery_env(webhook: WebhookSink, smtp: SmtpSink) -> dict[str, str]:
         },
     ]
     return {
-        "MAILROOM_DELIVERY__WEBHOOK_ACCOUNTS": json.dumps({"default": {"url": webhook.url}}),
+        "MAILROOM_DELIVERY__WEBHOOK_ACCOUNTS": json.dumps({"default": webhook.account()}),
         "MAILROOM_DELIVERY__EMAIL_ACCOUNTS": json.dumps(
             {"default": {"host": "127.0.0.1", "port": smtp.port, "security": "plain"}}
         ),

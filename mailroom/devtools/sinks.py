@@ -2,11 +2,13 @@
 
 Both record what arrives (deduping webhook deliveries on ``Idempotency-Key``,
 as a real receiver would) and call ``on_receive`` with a one-line summary, so
-``mailroom dev`` can print notifications as they land.
+``mailroom dev`` can print notifications as they land. The webhook sink holds a
+signing secret of its own and verifies every request with ``mailroom.webhooks``.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import threading
 import time
@@ -14,10 +16,12 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from secrets import token_bytes
 from typing import Any
 
 from aiosmtpd.controller import Controller
 
+from mailroom import webhooks
 from mailroom.devtools.stack import free_port
 
 Announce = Callable[[str], None]
@@ -54,24 +58,53 @@ class _Record:
             return Counter(item.key for item in self.items)
 
 
-class WebhookSink:
-    """An HTTP server that accepts every JSON POST with 200 and records it.
+def new_secret() -> str:
+    """A random signing secret in the Standard Webhooks format."""
+    return webhooks.SECRET_PREFIX + base64.b64encode(token_bytes(32)).decode()
 
+
+class WebhookSink:
+    """An HTTP server that accepts every signed JSON POST with 200 and records it.
+
+    ``secrets`` verify each request (``mailroom.webhooks.verify``): a missing, stale or
+    forged signature is answered 401 with the reason and kept in ``rejected``; by
+    default the sink makes up a secret of its own (``account`` hands it to the sender).
     ``delay_s`` holds each answer that long after the POST was recorded, as a slow
-    receiver would (fault tests: sends still in flight when something dies).
+    receiver would (fault tests: sends still in flight when something dies). ``clock``
+    is the receiver's clock (tests: a request that arrives long after it was signed).
     """
 
     def __init__(
-        self, *, port: int = 0, on_receive: Announce | None = None, delay_s: float = 0.0
+        self,
+        *,
+        port: int = 0,
+        on_receive: Announce | None = None,
+        delay_s: float = 0.0,
+        secrets: list[str] | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.port = port or free_port()
         self.delay_s = delay_s
+        self.secrets = [new_secret()] if secrets is None else secrets
         self.record = _Record()
+        #: Why each refused request was refused, in arrival order.
+        self.rejected: list[str] = []
         sink = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                try:
+                    webhooks.verify(
+                        dict(self.headers.items()), raw, secrets=sink.secrets, now=clock()
+                    )
+                except webhooks.WebhookVerificationError as exc:
+                    with sink.record.lock:
+                        sink.rejected.append(str(exc))
+                    self.send_response(401, str(exc))
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 try:
                     payload: dict[str, Any] = json.loads(raw)
                 except ValueError:
@@ -102,6 +135,10 @@ class WebhookSink:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}/hook"
+
+    def account(self) -> dict[str, Any]:
+        """The webhook account (``delivery.webhook_accounts`` item) that posts to this sink."""
+        return {"url": self.url, "secrets": list(self.secrets)}
 
     @property
     def received(self) -> list[Received]:

@@ -157,7 +157,7 @@ def system_env(
         MAILROOM_DELIVERY__STALE_AFTER_S="5",
         MAILROOM_DELIVERY__READD_AFTER_S="5",
         MAILROOM_DELIVERY__BACKOFF_BASE_S="0.5",
-        MAILROOM_DELIVERY__WEBHOOK_ACCOUNTS=json.dumps({"default": {"url": webhook.url}}),
+        MAILROOM_DELIVERY__WEBHOOK_ACCOUNTS=json.dumps({"default": webhook.account()}),
         MAILROOM_DELIVERY__ROUTES=json.dumps(
             [
                 {"channel": "log", "recipient": "ops"},

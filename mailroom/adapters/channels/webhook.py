@@ -1,5 +1,9 @@
 """The ``webhook`` channel: HTTP POST of JSON with an ``Idempotency-Key`` per chunk.
 
+Requests are signed by the Standard Webhooks convention (``mailroom.webhooks``) when
+the account has secrets; ``webhook-id`` is the idempotency key, so a resend carries
+the same id and a fresh timestamp and signature.
+
 2xx is delivered; 429 with ``Retry-After`` is a rate limit; 5xx, timeouts and
 connection errors are retryable; any other status is permanent. The receiver
 dedupes on the key, so the channel is idempotent and a send left uncertain by a
@@ -8,21 +12,18 @@ crash is simply sent again.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 
 import httpx
 
+from mailroom import webhooks
 from mailroom.adapters.channels import register
 from mailroom.delivery.ports import Envelope
 from mailroom.errors import ChannelRejected, ChannelUnavailable, RateLimited, UnknownAccount
 from mailroom.settings import DeliverySettings, WebhookAccount
 
-#: Header carrying the HMAC-SHA256 of the body when the account has a secret.
-SIGNATURE_HEADER = "X-Mailroom-Signature"
 #: Longest wait a ``Retry-After`` header may ask for, in seconds.
 MAX_RETRY_AFTER_S = 3600.0
 
@@ -54,11 +55,9 @@ class WebhookChannel:
             separators=(",", ":"),
         ).encode()
         headers = {"Content-Type": "application/json", "Idempotency-Key": envelope.idempotency_key}
-        if self.account.secret is not None:
-            digest = hmac.new(
-                self.account.secret.get_secret_value().encode(), body, hashlib.sha256
-            ).hexdigest()
-            headers[SIGNATURE_HEADER] = f"sha256={digest}"
+        if self.account.secrets:
+            secrets = [secret.get_secret_value() for secret in self.account.secrets]
+            headers |= webhooks.signature_headers(secrets, envelope.idempotency_key, body)
         try:
             response = await self._client.post(self.account.url, content=body, headers=headers)
         except httpx.TimeoutException as exc:
