@@ -40,7 +40,8 @@ cause (``raise X(...) from exc``); pipelines and actors only ever see these.
 
     pydantic_settings.SettingsError              (what pydantic-settings' callers catch)
     ├── UnknownSettingError
-    └── InvalidJsonSettingError
+    ├── InvalidJsonSettingError
+    └── SecretFileError
 """
 
 from __future__ import annotations
@@ -261,3 +262,7 @@ class UnknownSettingError(SettingsError):
 
 class InvalidJsonSettingError(SettingsError):
     """A variable of a list, mapping or group setting whose value is not JSON."""
+
+
+class SecretFileError(SettingsError):
+    """A ``MAILROOM_*_FILE`` variable or the secrets directory names a file that cannot be read."""

@@ -478,6 +478,9 @@ class Settings(BaseSettings):
 
     #: Folder for the dev stack's data and the filesystem object store.
     state_dir: Path = Path(".mailroom")
+    #: Folder of secret files, each named like the variable it sets (MAILROOM_DATABASE__URL);
+    #: read from the environment only (MAILROOM_SECRETS_DIR). See "Secrets from files".
+    secrets_dir: Path | None = None
     log: LogSettings = LogSettings()
     database: DatabaseSettings = DatabaseSettings()
     redis: RedisSettings = RedisSettings()

@@ -22,6 +22,7 @@ from pydantic import BaseModel
 from pydantic_settings import EnvSettingsSource
 
 from mailroom.errors import InvalidJsonSettingError, UnknownSettingError
+from mailroom.secret_files import with_secret_files
 
 PREFIX = "MAILROOM_"
 DELIMITER = "__"
@@ -78,6 +79,15 @@ def check_variable(model: type[BaseModel], name: str, value: str) -> None:
         current = nested
 
 
+def names_setting(model: type[BaseModel], name: str) -> bool:
+    """Whether the variable ``name`` (prefixed, upper-case) names a setting of ``model``."""
+    try:
+        check_variable(model, name, "{}")  # any JSON: only the name is in question
+    except UnknownSettingError:
+        return False
+    return True
+
+
 def _item_keys(annotation: Any) -> list[str]:
     """The keys of the items of a list or mapping of models (``intake.mailboxes``)."""
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
@@ -101,7 +111,18 @@ def _hint(fields: Mapping[str, Any], path: list[str], depth: int) -> str:
 
 
 class StrictEnvSource(EnvSettingsSource):
-    """The environment source, refusing ``MAILROOM_*`` variables that name no setting."""
+    """The environment source, refusing ``MAILROOM_*`` variables that name no setting.
+
+    Values may come from files (``MAILROOM_…_FILE``, ``MAILROOM_SECRETS_DIR``): see
+    ``mailroom.secret_files``; they are checked like variables.
+    """
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        return with_secret_files(
+            super()._load_env_vars(),
+            lambda name: names_setting(self.settings_cls, name),
+            case_sensitive=self.case_sensitive,
+        )
 
     def __call__(self) -> dict[str, Any]:
         for name, value in self.env_vars.items():
@@ -120,8 +141,9 @@ def variable_for(loc: Sequence[int | str], environ: Mapping[str, str]) -> str | 
     set_names = {name.upper() for name in environ}
     for end in range(len(names), 0, -1):
         candidate = PREFIX + DELIMITER.join(names[:end])
-        if candidate in set_names:
-            return candidate
+        for name in (candidate, candidate + "_FILE"):
+            if name in set_names:
+                return name
     return None
 
 
