@@ -45,11 +45,18 @@ CLOSE_WAIT_S = 5.0
 
 @dataclass(frozen=True)
 class FetchedMail:
-    """One message as fetched: its UID, raw RFC 822 bytes and INTERNALDATE."""
+    """One message as fetched: its UID, raw RFC 822 bytes and INTERNALDATE.
+
+    A mail too big to read comes with ``headers_only``: ``raw`` is then its header
+    block alone and ``size`` its RFC822.SIZE, and its body was never fetched.
+    """
 
     uid: int
     raw: bytes
     internal_date: datetime | None
+    headers_only: bool = False
+    #: RFC822.SIZE, in bytes, when the server told it (a headers-only fetch).
+    size: int | None = None
 
 
 class Mailbox(Protocol):
@@ -73,6 +80,10 @@ class Mailbox(Protocol):
 
     async def fetch(self, uids: list[int]) -> list[FetchedMail]:
         """The messages of ``uids`` that still exist, in UID order."""
+        ...
+
+    async def fetch_headers(self, uids: list[int]) -> list[FetchedMail]:
+        """The header blocks and sizes of ``uids`` that still exist, bodies unread, in UID order."""
         ...
 
     async def idle(self, timeout_s: float) -> bool:
@@ -250,6 +261,34 @@ class ImapMailbox:
             if raw is None:  # expunged between SEARCH and FETCH
                 continue
             mails.append(FetchedMail(int(uid), bytes(raw), _aware(item.get(b"INTERNALDATE"))))
+        return mails
+
+    async def fetch_headers(self, uids: list[int]) -> list[FetchedMail]:
+        if not uids:
+            return []
+        # Only the header block and the size: the body of a mail over the limit is never read.
+        data = await self._call(
+            "UID FETCH HEADER",
+            self._require().fetch,
+            uids,
+            ["RFC822.SIZE", "BODY.PEEK[HEADER]", "INTERNALDATE"],
+        )
+        mails = []
+        for uid in sorted(data):
+            item = data[uid]
+            header = item.get(b"BODY[HEADER]")
+            if header is None:  # expunged between SEARCH and FETCH
+                continue
+            size = item.get(b"RFC822.SIZE")
+            mails.append(
+                FetchedMail(
+                    int(uid),
+                    bytes(header),
+                    _aware(item.get(b"INTERNALDATE")),
+                    headers_only=True,
+                    size=int(size) if size is not None else None,
+                )
+            )
         return mails
 
     def _idle(self, timeout_s: float) -> bool:
@@ -488,7 +527,25 @@ class InMemoryMailbox:
         assert self._folder is not None
         if self.server.fail_fetch:
             raise MailboxUnavailable("connection reset during FETCH")
-        return [self._folder.messages[u] for u in sorted(uids) if u in self._folder.messages]
+        found = [self._folder.messages[u] for u in sorted(uids) if u in self._folder.messages]
+        self.server.body_fetches.extend(mail.uid for mail in found)
+        return found
+
+    async def fetch_headers(self, uids: list[int]) -> list[FetchedMail]:
+        assert self._folder is not None
+        if self.server.fail_fetch:
+            raise MailboxUnavailable("connection reset during FETCH")
+        found = [self._folder.messages[u] for u in sorted(uids) if u in self._folder.messages]
+        return [
+            FetchedMail(
+                mail.uid,
+                _header_block(mail.raw),
+                mail.internal_date,
+                headers_only=True,
+                size=len(mail.raw),
+            )
+            for mail in found
+        ]
 
     async def idle(self, timeout_s: float) -> bool:
         self.server.idle_calls += 1
@@ -515,6 +572,15 @@ class InMemoryMailbox:
         self.connected = False
 
 
+def _header_block(raw: bytes) -> bytes:
+    """The header block of ``raw`` with the empty line that ends it, as BODY[HEADER] gives it."""
+    for end in (b"\r\n\r\n", b"\n\n"):
+        cut = raw.find(end)
+        if cut >= 0:
+            return raw[: cut + len(end)]
+    return raw
+
+
 class MemoryServer:
     """Folders of the fake IMAP server, keyed by name."""
 
@@ -525,6 +591,8 @@ class MemoryServer:
         self.fail_fetch = False
         self.connections = 0
         self.idle_calls = 0
+        #: UIDs whose whole mail was fetched, in order (a headers-only fetch adds none).
+        self.body_fetches: list[int] = []
 
     def create_folder(self, name: str, *, uidvalidity: int = 1, first_uid: int = 1) -> None:
         self.folders[name] = MemoryFolder(uidvalidity, {}, first_uid)

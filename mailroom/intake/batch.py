@@ -171,13 +171,14 @@ async def _ingest_one_by_one(
     So when a worker dies, the count stays at the mail it died on, and the mails
     before it are stored.
     """
+    oversize = await connection.larger_than(uids, ctx.intake.max_mail_bytes)
     async with _pipeline(ctx) as pg:
         for uid in uids:
             count = await count_attempt(ctx.sessions, ctx.claim, uid)
             ctx.attempt.uid = uid
             if count > ctx.intake.max_retries:
                 raise _exhausted(ctx, uid, count - 1)
-            mails = await connection.fetch([uid])
+            mails = await _fetch(connection, [uid], oversize)
             prepared = await prepare_group(mails, store=ctx.store, limits=ctx.limits)
             await _commit(ctx, pg, connection, prepared, result)
 
@@ -196,15 +197,15 @@ async def _ingest_in_order(
     window: deque[asyncio.Task[PreparedGroup]] = deque()
     fetching: asyncio.Task[list[FetchedMail]] | None = None
     try:
-        chunks = await _fetch_chunks(ctx.intake, connection, uids)
-        fetching = asyncio.create_task(connection.fetch(chunks[0]))
+        chunks, oversize = await _fetch_chunks(ctx.intake, connection, uids)
+        fetching = asyncio.create_task(_fetch(connection, chunks[0], oversize))
         async with _pipeline(ctx) as pg:
             for index in range(len(chunks)):
                 assert fetching is not None
                 mails = await fetching
                 # One IMAP command at a time: the next chunk is read while this one is ingested.
                 fetching = (
-                    asyncio.create_task(connection.fetch(chunks[index + 1]))
+                    asyncio.create_task(_fetch(connection, chunks[index + 1], oversize))
                     if index + 1 < len(chunks)
                     else None
                 )
@@ -243,16 +244,31 @@ async def _ingest_in_order(
 
 async def _fetch_chunks(
     intake: IntakeSettings, connection: Mailbox, uids: list[int]
-) -> list[list[int]]:
-    """``uids`` cut into FETCH commands of at most ``fetch_chunk`` mails and ``fetch_chunk_bytes``."""
+) -> tuple[list[list[int]], set[int]]:
+    """``uids`` cut into FETCH commands of at most ``fetch_chunk`` mails and ``fetch_chunk_bytes``,
+    and those over ``max_mail_bytes`` (their headers alone are fetched).
+    """
     count, most = max(1, intake.fetch_chunk), intake.fetch_chunk_bytes
     # A full chunk of mails up to ``share`` bytes each stays within ``most``; bigger mails are
     # fetched alone. The server says which are bigger: no mail is measured here.
     share = max(1, most // count)
     big = await connection.larger_than(uids, share) if len(uids) > 1 else set()
-    return bounded_runs(
+    # Mails over the limit are among the big ones: a second SEARCH only when there are any.
+    suspects = sorted(big) if len(uids) > 1 and share <= intake.max_mail_bytes else uids
+    oversize = await connection.larger_than(suspects, intake.max_mail_bytes) if suspects else set()
+    chunks = bounded_runs(
         uids, lambda uid: most if uid in big else share, max_items=count, max_bytes=most
     )
+    return chunks, oversize
+
+
+async def _fetch(connection: Mailbox, uids: list[int], oversize: set[int]) -> list[FetchedMail]:
+    """The mails of ``uids`` in UID order: whole, or headers alone for those in ``oversize``."""
+    whole = [uid for uid in uids if uid not in oversize]
+    mails = await connection.fetch(whole) if whole else []
+    if heads := [uid for uid in uids if uid in oversize]:
+        mails = sorted(mails + await connection.fetch_headers(heads), key=lambda m: m.uid)
+    return mails
 
 
 #: Groups parsed and stored ahead of the one being committed (commits stay in UID order).

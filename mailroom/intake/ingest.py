@@ -22,7 +22,13 @@ from mailroom.adapters.storage import ObjectStore, PutRequest, StoredRef, conten
 from mailroom.errors import LeaseLost, MailFailed
 from mailroom.intake.cursor import Claim
 from mailroom.intake.mail_sql import FileRow, MailWrite, store_mails
-from mailroom.intake.parsing import Limits, ParsedAttachment, ParsedMail, parse_mail
+from mailroom.intake.parsing import (
+    Limits,
+    ParsedAttachment,
+    ParsedMail,
+    parse_mail,
+    parse_oversize,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +88,9 @@ async def prepare_group(
     failure: MailFailed | None = None
     for mail in fetched:
         try:
-            if len(mail.raw) <= INLINE_PARSE_BYTES:
+            if mail.headers_only:  # over max_mail_bytes: recorded from its headers, no body
+                parsed.append((mail, parse_oversize(mail.raw, mail.size, limits)))
+            elif len(mail.raw) <= INLINE_PARSE_BYTES:
                 parsed.append((mail, parse_mail(mail.raw, limits)))
             else:
                 parsed.append((mail, await asyncio.to_thread(parse_mail, mail.raw, limits)))

@@ -41,6 +41,7 @@ __all__ = [
     "classify",
     "clean_text",
     "parse_mail",
+    "parse_oversize",
     "safe_name",
 ]
 
@@ -123,19 +124,42 @@ class ParsedMail:
 
 def parse_mail(raw: bytes, limits: Limits) -> ParsedMail:
     """Parse ``raw``; never raises on malformed mail, records problems instead."""
+    if len(raw) > limits.max_mail_bytes:  # fetched whole after all: read its headers only
+        return parse_oversize(_header_block(raw), len(raw), limits)
     parsed = ParsedMail(sha256=sha256_hex(raw), size=len(raw))
-    if len(raw) > limits.max_mail_bytes:
-        parsed.problem = f"mail of {len(raw)} bytes exceeds the limit of {limits.max_mail_bytes}"
-        return parsed
     message = email.message_from_bytes(raw, policy=policy.compat32)
+    _read_headers(parsed, message)
+    parsed.attachments = _attachments(message, limits)
+    return parsed
+
+
+def parse_oversize(header: bytes, size: int | None, limits: Limits) -> ParsedMail:
+    """A mail over ``max_mail_bytes`` from its header block alone: headers and the problem.
+
+    Its body is never read, so the mail is known by its header block's hash.
+    """
+    parsed = ParsedMail(sha256=sha256_hex(header), size=size or len(header))
+    told = f"of {size} bytes " if size is not None else ""
+    parsed.problem = (
+        f"mail {told}exceeds the limit of {limits.max_mail_bytes}: oversize, its body was not read"
+    )
+    _read_headers(parsed, email.message_from_bytes(header, policy=policy.compat32))
+    return parsed
+
+
+def _header_block(raw: bytes) -> bytes:
+    """The header block of ``raw``, up to the first empty line."""
+    ends = [cut for cut in (raw.find(b"\r\n\r\n"), raw.find(b"\n\n")) if cut >= 0]
+    return raw[: min(ends) + 2] if ends else raw
+
+
+def _read_headers(parsed: ParsedMail, message: Message) -> None:
     parsed.message_id = header_text(message, "Message-ID")
     parsed.sender = sender_address(message)
     return_path = header_text(message, "Return-Path")
     parsed.return_path = return_path.strip("<> ") if return_path else None
     parsed.authentication_results = header_text(message, "Authentication-Results", join=True)
     parsed.subject = header_text(message, "Subject")
-    parsed.attachments = _attachments(message, limits)
-    return parsed
 
 
 def safe_name(name: str | None, *, index: int, media_type: str) -> str:

@@ -130,10 +130,10 @@ def test_limits_skip_big_and_surplus_attachments_and_drop_their_bytes():
     assert "over the limit of 2" in third.skip_reason
 
 
-def test_a_mail_over_the_limit_is_not_parsed():
+def test_a_mail_over_the_limit_keeps_its_headers_and_is_not_parsed_further():
     parsed = parse_mail(b"Subject: x\r\n\r\n" + b"x" * 200, Limits(10, 100, 10))
-    assert parsed.problem.startswith("mail of 214 bytes exceeds")
-    assert parsed.subject is None and parsed.attachments == []
+    assert parsed.problem.startswith("mail of 214 bytes exceeds the limit of 100: oversize")
+    assert parsed.subject == "x" and parsed.attachments == []
 
 
 def test_clean_text_reads_raw_8bit_as_utf8_or_replacement_and_drops_controls():

@@ -1,0 +1,101 @@
+"""Mail over ``max_mail_bytes`` on pymap and Dovecot: the server names it and tells its size,
+its headers alone are read, and it is recorded as oversize without its body ever being fetched."""
+
+from __future__ import annotations
+
+import pytest
+
+from mailroom.adapters.imap import FetchedMail, ImapMailbox
+from mailroom.clock import db_now
+from mailroom.notifications import _summaries
+from mailroom.recognition.finality import finalize_settled_mails
+from mailroom.settings import MailboxSettings
+from tests.fixtures.imap import make_mail, on_every_server
+
+pytestmark = pytest.mark.integration
+
+LIMIT = 4000
+
+
+class _Recorder:
+    """A factory of ``ImapMailbox`` connections that notes which UIDs were fetched whole."""
+
+    def __init__(self) -> None:
+        self.bodies: list[int] = []
+        self.headers: list[int] = []
+
+    def __call__(self, settings: MailboxSettings) -> ImapMailbox:
+        recorder = self
+
+        class Recording(ImapMailbox):
+            async def fetch(self, uids: list[int]) -> list[FetchedMail]:
+                recorder.bodies.extend(uids)
+                return await super().fetch(uids)
+
+            async def fetch_headers(self, uids: list[int]) -> list[FetchedMail]:
+                recorder.headers.extend(uids)
+                return await super().fetch_headers(uids)
+
+        return Recording(settings)
+
+
+def _big_mail(n: int) -> bytes:
+    return make_mail(
+        n, subject=f"big report {n}", attachments=[("big.csv", "text/csv", b"a,b\n" * 2000)]
+    )
+
+
+def _eml_objects(env) -> int:
+    return len(list(env.settings.state_dir.rglob("*.eml")))
+
+
+@on_every_server
+async def test_an_oversize_mail_is_recorded_from_its_headers_without_its_body_fetched(
+    intake_env,
+):
+    intake_env.settings.intake.max_mail_bytes = LIMIT
+    big = _big_mail(2)
+    small, oversize, last = intake_env.append(make_mail(1), big, make_mail(3))
+    connect = _Recorder()
+    outcome = await intake_env.poll(connect=connect)
+    assert outcome.status == "done", outcome
+
+    assert oversize not in connect.bodies and connect.headers == [oversize]
+    assert sorted(connect.bodies) == [small, last]
+    mails = {mail.uid: mail for mail in await intake_env.mails()}
+    assert set(mails) == {small, oversize, last}
+    mail = mails[oversize]
+    assert (mail.status, mail.raw_object_id) == ("stored", None)
+    assert mail.subject == "big report 2" and mail.sender == "sender2@example.com"
+    assert mail.message_id and mail.message_id.startswith("<mail-2-")
+    assert mail.internal_date is not None
+    # The server's RFC822.SIZE (of the mail as it keeps it, with CRLF line ends).
+    size = len(big.replace(b"\r\n", b"\n").replace(b"\n", b"\r\n"))
+    assert f"mail of {size} bytes exceeds the limit of {LIMIT}: oversize" in mail.last_error
+    assert [f.mail_id for f in await intake_env.files()].count(mail.id) == 0
+    assert _eml_objects(intake_env) == 2, "only the two small mails are in the object store"
+    assert (await intake_env.cursor()).last_uid == last
+
+
+@on_every_server
+async def test_a_batch_of_one_oversize_mail_moves_the_cursor_past_it(intake_env):
+    intake_env.settings.intake.max_mail_bytes = LIMIT
+    (uid,) = intake_env.append(_big_mail(1))
+    connect = _Recorder()
+    assert (await intake_env.poll(connect=connect)).status == "done"
+    assert (connect.bodies, connect.headers) == ([], [uid])
+    (mail,) = await intake_env.mails()
+    assert mail.raw_object_id is None and "oversize" in mail.last_error
+    assert (await intake_env.cursor()).last_uid == uid
+
+
+async def test_an_oversize_mail_is_final_at_once_and_its_notice_says_why(intake_env):
+    intake_env.settings.intake.max_mail_bytes = LIMIT
+    intake_env.append(_big_mail(1))
+    assert (await intake_env.poll()).status == "done"
+    async with intake_env.sessions() as session, session.begin():
+        (mail,) = await intake_env.mails()
+        assert await finalize_settled_mails(session, now=await db_now(session)) == [mail.id]
+        (summary,) = await _summaries(session, [mail])
+    text = summary.render()
+    assert "big report 1" in text and "It was not read: mail of" in text and "oversize" in text
