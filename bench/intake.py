@@ -11,10 +11,13 @@ attachment each into a fresh folder, then measures, in rounds:
   as large as the folder, on a new cursor and an empty object store each round —
   mails per second, set against the mean of the raw runs on either side.
 
-The result is the median ratio of the rounds.
+The result is the median ratio of the rounds. Then, in a fresh child process (so its
+figure is its own), a warm intake reads one 41 MB mail with a 30 MB attachment (over
+``max_attachment_bytes``) and reports how far the mail raised its peak RSS.
 
-Usage: ``uv run python bench/intake.py [--mails N] [--rounds N] [--quick]``. The last line is
-``RESULT intake ratio=<intake/raw> target=0.5``.
+Usage: ``uv run python bench/intake.py [--mails N] [--rounds N] [--quick]``. The last lines
+are ``RESULT intake ratio=<intake/raw> target=0.5`` and
+``RESULT intake_big_mail_rss_mib value=<MiB> target=64``.
 """
 
 from __future__ import annotations
@@ -23,12 +26,14 @@ import argparse
 import asyncio
 import logging
 import os
+import random
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from email.message import EmailMessage
 from pathlib import Path
 
 from imapclient import IMAPClient
@@ -49,6 +54,10 @@ from mailroom.settings import (
 
 USER, PASSWORD, FOLDER = "demouser", "demopass", "Bench"
 TARGET = 0.5
+#: Folder of the big-mail run, and the most its mail may raise the peak RSS, in MiB.
+BIG_FOLDER, BIG_TARGET_MIB = "BenchBig", 64
+#: Size of the big mail's attachment, in bytes (base64 makes the mail about 41 MB).
+BIG_ATTACHMENT_BYTES = 30_000_000
 #: Mails per IMAP command, for both the APPEND setup and the FETCH of the baseline.
 CHUNK = 100
 #: Memory-backed folder for the run's state, where the host has one.
@@ -145,6 +154,10 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3, help="intake runs, each between raw ones")
     # The full run (2,000 mails, three rounds) takes about 30 s, so --quick is the same run.
     parser.add_argument("--quick", action="store_true", help="done within 60 s (2,000 mails)")
+    # The big-mail run's child process: it reads BIG_FOLDER and prints its RSS figure.
+    parser.add_argument(
+        "--big-mail-child", nargs=3, metavar=("DB_URL", "PORT", "STATE_DIR"), help=argparse.SUPPRESS
+    )
     parser.add_argument(
         "--workdir",
         type=Path,
@@ -155,6 +168,9 @@ def main() -> int:
     args = parser.parse_args()
     count = args.mails
     logging.basicConfig(level=logging.WARNING)
+    if args.big_mail_child:
+        database_url, port, state_dir = args.big_mail_child
+        return big_mail_child(database_url, int(port), Path(state_dir))
 
     # NOTE: in memory by default. The object store writes two new files per mail, and on
     # ext4 creating one costs from 0.02 ms to over 1 ms of kernel time depending on the
@@ -186,7 +202,9 @@ def main() -> int:
             raw_rates.append(_raw_round(port, "raw imapclient fetch"))
             ratios.append(intake_rate / statistics.fmean(raw_rates[-2:]))
         print("ratios per round: " + ", ".join(f"{r:.2f}" for r in ratios))
+        rise_mib = _big_mail_round(postgres.url(), port, workdir / "big")
         print(f"RESULT intake ratio={statistics.median(ratios):.2f} target={TARGET}")
+        print(f"RESULT intake_big_mail_rss_mib value={rise_mib:.0f} target={BIG_TARGET_MIB}")
         return 0
     finally:
         if pymap is not None:
@@ -202,9 +220,9 @@ def _raw_round(port: int, label: str) -> float:
     return fetched / seconds
 
 
-def _intake_round(database_url: str, port: int, state_dir: Path, n: int, count: int) -> float:
-    """One intake of the whole folder: a new mailbox cursor and a new, empty object store."""
-    name = f"bench-{n}"
+def _settings(
+    database_url: str, port: int, state_dir: Path, name: str, folder: str, batch_size: int
+) -> Settings:
     mailbox = MailboxSettings(
         name=name,
         host="127.0.0.1",
@@ -212,17 +230,23 @@ def _intake_round(database_url: str, port: int, state_dir: Path, n: int, count: 
         security="plain",
         username=USER,
         password=PASSWORD,
-        folder=FOLDER,
-        batch_size=count + 10,
+        folder=folder,
+        batch_size=batch_size,
         idle=False,
         timeout_s=60,
     )
-    settings = Settings(
+    return Settings(
         state_dir=state_dir,
         database=DatabaseSettings(url=database_url, pool_size=4),
         storage=StorageSettings(kind="filesystem"),
         intake=IntakeSettings(mailboxes=[mailbox], fetch_chunk=CHUNK),
     )
+
+
+def _intake_round(database_url: str, port: int, state_dir: Path, n: int, count: int) -> float:
+    """One intake of the whole folder: a new mailbox cursor and a new, empty object store."""
+    name = f"bench-{n}"
+    settings = _settings(database_url, port, state_dir, name, FOLDER, count + 10)
     cpu_before = os.times()
     ingested, seconds = asyncio.run(run_intake(settings, name))
     cpu = os.times()
@@ -236,6 +260,101 @@ def _intake_round(database_url: str, port: int, state_dir: Path, n: int, count: 
     if ingested != count:
         print(f"warning: intake stored {ingested} of {count} mails")
     return rate
+
+
+def make_big_mail() -> bytes:
+    """About 41 MB: a short text and a 30 MB attachment (random, so nothing compresses it)."""
+    message = EmailMessage()
+    message["From"] = "Bench <bench@example.com>"
+    message["To"] = "intake@example.com"
+    message["Subject"] = "bench big mail"
+    message["Message-ID"] = "<bench-big@example.com>"
+    message.set_content("scans attached\n")
+    data = random.Random(41).randbytes(BIG_ATTACHMENT_BYTES)
+    message.add_attachment(data, maintype="application", subtype="pdf", filename="scans.pdf")
+    return message.as_bytes().replace(b"\n", b"\r\n")
+
+
+def _big_mail_round(database_url: str, port: int, state_dir: Path) -> float:
+    """The big-mail run in a child process; how many MiB the mail raised its peak RSS."""
+    client = IMAPClient("127.0.0.1", port=port, ssl=False, timeout=60)
+    try:
+        client.login(USER, PASSWORD)
+        client.create_folder(BIG_FOLDER)
+        client.append(BIG_FOLDER, make_mail(0))  # read first, to warm the child up
+        big = make_big_mail()
+        client.append(BIG_FOLDER, big)
+    finally:
+        client.logout()
+    size_mb = len(big) / 1e6
+    del big
+    child = subprocess.run(
+        [sys.executable, __file__, "--big-mail-child", database_url, str(port), str(state_dir)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    figures = [line for line in child.stdout.splitlines() if line.startswith("BIG_MAIL ")]
+    if child.returncode != 0 or not figures:
+        raise SystemExit(f"big-mail run failed:\n{child.stdout}{child.stderr}")
+    fields = dict(item.split("=", 1) for item in figures[-1].split()[1:])
+    rise = float(fields["rss_rise_mib"])
+    print(
+        f"big mail: {size_mb:.1f} MB ingested, peak RSS {fields['peak_mib']} MiB, "
+        f"{rise:.1f} MiB over the warm worker's {fields['before_mib']} MiB"
+    )
+    return rise
+
+
+def big_mail_child(database_url: str, port: int, state_dir: Path) -> int:
+    settings = _settings(database_url, port, state_dir, "bench-big", BIG_FOLDER, 1)
+    asyncio.run(_big_mail_intake(settings))
+    return 0
+
+
+async def _big_mail_intake(settings: Settings) -> None:
+    engine = create_engine(settings.database)
+    try:
+        deps = IntakeDeps(
+            sessions=create_sessionmaker(engine),
+            store=build_store(settings),
+            connect=ImapMailbox,
+            nudge=_no_nudge,
+        )
+        name = settings.intake.mailboxes[0].name
+        # The small mail first (batch_size 1): imports, pools and connections are warm.
+        warm = await poll_mailbox(name, settings=settings.intake, deps=deps)
+        exact = _reset_peak_rss()
+        before = _status_kib("VmRSS" if exact else "VmHWM")
+        outcome = await poll_mailbox(name, settings=settings.intake, deps=deps)
+        peak = _status_kib("VmHWM")
+    finally:
+        await engine.dispose()
+    for done in (warm, outcome):
+        if done.status != "done" or done.result is None or done.result.ingested != 1:
+            raise SystemExit(f"intake did not store the mail: {done}")
+    if not exact:
+        print("warning: the peak RSS could not be reset; the figure is a lower bound")
+    print(
+        f"BIG_MAIL rss_rise_mib={(peak - before) / 1024:.1f} "
+        f"before_mib={before / 1024:.0f} peak_mib={peak / 1024:.0f}"
+    )
+
+
+def _reset_peak_rss() -> bool:
+    """Reset this process's VmHWM to its current RSS (Linux 4.0+); False when it cannot."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
+
+
+def _status_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1])
+    raise SystemExit(f"/proc/self/status has no {field}")
 
 
 if __name__ == "__main__":
