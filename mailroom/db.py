@@ -19,7 +19,7 @@ from mailroom.settings import DatabaseSettings
 def create_engine(settings: DatabaseSettings) -> AsyncEngine:
     """An async engine whose connections carry the statement timeout and UTC."""
     return create_async_engine(
-        settings.url,
+        database_url(settings),
         pool_size=settings.pool_size,
         max_overflow=settings.pool_size,
         # No pre-ping: it costs a round trip per checkout. A connection that died with
@@ -62,6 +62,28 @@ def server_keepalive_options(settings: DatabaseSettings) -> str:
         f" -c tcp_keepalives_count={settings.keepalive_count}"
         f" -c tcp_user_timeout={settings.tcp_user_timeout_ms}"
     )
+
+
+def database_url(settings: DatabaseSettings) -> str:
+    """``settings.url`` with the TLS settings (``sslmode``, certificates) as libpq parameters.
+
+    In the URL rather than in connect arguments, so every connection takes them: the
+    engines, alembic, and the direct psycopg connections of ``libpq_dsn``.
+    """
+    from sqlalchemy.engine import make_url
+
+    tls = settings.tls
+    params = {
+        "sslmode": settings.sslmode or None,
+        "sslrootcert": tls.ca_file,
+        "sslcert": tls.cert_file,
+        "sslkey": tls.key_file,
+    }
+    given = {name: str(value) for name, value in params.items() if value}
+    if not given:
+        return settings.url
+    url = make_url(settings.url)
+    return url.update_query_dict(given).render_as_string(hide_password=False)
 
 
 def create_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:

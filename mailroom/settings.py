@@ -18,6 +18,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import (
@@ -73,6 +74,32 @@ def _default_port(data: Any, ports: dict[str, int], default_security: str) -> An
     return data
 
 
+class TlsFiles(StrictModel):
+    """Certificates of one TLS link, PEM files; each must exist when given."""
+
+    #: CA bundle that signs the server's certificate; empty: the system's CAs.
+    ca_file: Path | None = None
+    #: Client certificate for servers that ask for one (mutual TLS); needs key_file.
+    cert_file: Path | None = None
+    #: Private key of cert_file.
+    key_file: Path | None = None
+
+    @model_validator(mode="after")
+    def _check_files(self) -> TlsFiles:
+        """A missing file or a certificate without its key fails at load, not at connect."""
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("cert_file and key_file go together: give both or neither")
+        for name in ("ca_file", "cert_file", "key_file"):
+            path = getattr(self, name)
+            if path is not None and not path.is_file():
+                raise ValueError(f"{name} {str(path)!r} is not a file")
+        return self
+
+    @property
+    def given(self) -> bool:
+        return any((self.ca_file, self.cert_file, self.key_file))
+
+
 class DatabaseSettings(StrictModel):
     url: str = f"postgresql+psycopg://postgres@127.0.0.1:{DEV_POSTGRES_PORT}/mailroom"
     pool_size: int = 5
@@ -88,10 +115,37 @@ class DatabaseSettings(StrictModel):
     keepalive_count: int = 3
     #: Unacknowledged data older than this ends the connection, in milliseconds (0: the OS's).
     tcp_user_timeout_ms: int = 25_000
+    #: libpq ``sslmode``; empty: the URL's, else libpq's default (``prefer``). Use
+    #: ``verify-full`` with tls.ca_file to refuse a server whose certificate does not match.
+    sslmode: Literal["", "disable", "allow", "prefer", "require", "verify-ca", "verify-full"] = ""
+    #: ``sslrootcert`` (ca_file), ``sslcert`` and ``sslkey`` (client certificate) of libpq.
+    tls: TlsFiles = TlsFiles()
+
+    @model_validator(mode="after")
+    def _check_tls(self) -> DatabaseSettings:
+        """libpq ignores a root certificate unless sslmode verifies; say so at load."""
+        query = urlsplit(self.url).query
+        if self.sslmode and "sslmode=" in query:
+            raise ValueError("sslmode is both in url and in sslmode: give it once")
+        if self.tls.given and re.search(r"\bssl(rootcert|cert|key)=", query):
+            raise ValueError("url carries sslrootcert/sslcert/sslkey and tls is set too: give one")
+        verifies = self.sslmode in ("require", "verify-ca", "verify-full") or (
+            not self.sslmode and "sslmode=" in query
+        )
+        if self.tls.ca_file is not None and not verifies:
+            mode = self.sslmode or "prefer"
+            raise ValueError(f"tls.ca_file is unused with sslmode {mode!r}: use verify-full")
+        return self
 
 
 class RedisSettings(StrictModel):
+    #: ``rediss://`` for TLS (then tls applies); credentials go in username and password.
     url: str = f"redis://127.0.0.1:{DEV_REDIS_PORT}/0"
+    #: ACL user (Redis 6+); empty: ``default``. Also used by the broker's Redis.
+    username: str = ""
+    password: SecretStr = SecretStr("")
+    #: CA and client certificate of a ``rediss://`` link.
+    tls: TlsFiles = TlsFiles()
     #: Longest wait for a new connection, in seconds.
     connect_timeout_s: float = 2.0
     #: Longest wait for a reply, in seconds (a blocking read waits its block time on top).
@@ -129,7 +183,19 @@ class BrokerSettings(StrictModel):
 
 
 class NatsSettings(StrictModel):
+    #: ``tls://`` requires TLS; a server that asks for TLS gets it with ``nats://`` too.
     url: str = f"nats://127.0.0.1:{DEV_NATS_PORT}"
+    #: Login by user and password (the server's ``authorization`` or an account's user).
+    user: str = ""
+    password: SecretStr = SecretStr("")
+    #: Login by token.
+    token: SecretStr = SecretStr("")
+    #: Login by NKey: a file holding the user's seed (``SU…``).
+    nkey_seed_file: Path | None = None
+    #: Login by JWT and NKey (decentralised auth): a ``.creds`` file.
+    creds_file: Path | None = None
+    #: CA and client certificate of the TLS link.
+    tls: TlsFiles = TlsFiles()
     jetstream: bool = True
     stream_name: str = "MAILROOM_FILES"
     #: JetStream duplicate window for ``Nats-Msg-Id`` dedupe, in seconds.
@@ -168,6 +234,29 @@ class NatsSettings(StrictModel):
     def subject(self, name: str) -> str:
         return f"{self.subject_prefix}{name}"
 
+    @model_validator(mode="after")
+    def _check_login(self) -> NatsSettings:
+        """One way to log in, complete, with its files present."""
+        ways = [
+            name
+            for name, given in (
+                ("user/password", self.user or self.password.get_secret_value()),
+                ("token", self.token.get_secret_value()),
+                ("nkey_seed_file", self.nkey_seed_file),
+                ("creds_file", self.creds_file),
+            )
+            if given
+        ]
+        if len(ways) > 1:
+            raise ValueError(f"give one way to log in, not {' and '.join(ways)}")
+        if bool(self.user) != bool(self.password.get_secret_value()):
+            raise ValueError("user and password go together: give both or neither")
+        for name in ("nkey_seed_file", "creds_file"):
+            path = getattr(self, name)
+            if path is not None and not path.is_file():
+                raise ValueError(f"{name} {str(path)!r} is not a file")
+        return self
+
 
 class StorageSettings(StrictModel):
     kind: Literal["filesystem", "s3"] = "filesystem"
@@ -186,6 +275,18 @@ class StorageSettings(StrictModel):
     s3_read_timeout_s: float = 30.0
     #: Retries of a failed S3 request after the first, in attempts.
     s3_retries: int = 2
+    #: Check the S3 server's TLS certificate; off only for a test endpoint.
+    s3_verify: bool = True
+    #: CA bundle that signs the S3 server's certificate; empty: the system's CAs.
+    s3_ca_file: Path | None = None
+
+    @model_validator(mode="after")
+    def _check_verify(self) -> StorageSettings:
+        if self.s3_ca_file is not None and not self.s3_verify:
+            raise ValueError("s3_ca_file is unused with s3_verify false: drop one of them")
+        if self.s3_ca_file is not None and not self.s3_ca_file.is_file():
+            raise ValueError(f"s3_ca_file {str(self.s3_ca_file)!r} is not a file")
+        return self
 
 
 #: An IMAP flag: a keyword (an atom, RFC 3501) or a system flag such as ``\Flagged``.
@@ -531,6 +632,7 @@ class Settings(BaseSettings):
         if broker.retry_min_backoff_ms > broker.retry_max_backoff_ms:
             problems.append("broker.retry_min_backoff_ms must not exceed retry_max_backoff_ms")
         problems += _route_problems(self.delivery)
+        problems += _redis_link_problems(self)
         if problems:
             raise ValueError("; ".join(problems))
         return self
@@ -560,6 +662,23 @@ def _route_problems(delivery: DeliverySettings) -> list[str]:
         for index, route in enumerate(delivery.routes)
         if route.channel in accounts and route.account not in accounts[route.channel]
     ]
+
+
+def _redis_link_problems(settings: Settings) -> list[str]:
+    """TLS files without a ``rediss://`` URL, or a password given twice."""
+    redis, problems = settings.redis, []
+    urls = {"redis.url": redis.url}
+    if settings.broker.kind == "redis" and settings.broker.redis_url:
+        urls["broker.redis_url"] = settings.broker.redis_url
+    for name, url in urls.items():
+        parts = urlsplit(url)
+        if redis.tls.given and parts.scheme != "rediss":
+            problems.append(f"redis.tls is set but {name} is not a rediss:// URL")
+        if (parts.password or parts.username) and (
+            redis.password.get_secret_value() or redis.username
+        ):
+            problems.append(f"{name} carries a login and redis.username/password too: give one")
+    return problems
 
 
 def variable_for(loc: Sequence[int | str]) -> str | None:

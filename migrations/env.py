@@ -11,6 +11,7 @@ from logging.config import fileConfig
 from alembic import context
 from sqlalchemy import create_engine, pool
 
+from mailroom.db import database_url
 from mailroom.migrate import migration_lock
 from mailroom.models import Base
 from mailroom.settings import Settings
@@ -23,7 +24,7 @@ target_metadata = Base.metadata
 
 
 def _url() -> str:
-    return str(config.attributes.get("url") or Settings().database.url)
+    return str(config.attributes.get("url") or database_url(Settings().database))
 
 
 def run_migrations_offline() -> None:

@@ -10,7 +10,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 from sentry_sdk.crons import MonitorStatus, capture_checkin
 
-from mailroom.db import libpq_dsn
+from mailroom.db import database_url, libpq_dsn
 from mailroom.settings import Settings
 from mailroom.stop_signals import handle_stop_signals
 from scheduling import metrics
@@ -70,7 +70,7 @@ class SchedulerService:
     def __init__(self, settings: Settings, *, election: LeaderElection | None = None) -> None:
         self.settings = settings
         self.election = election or LeaderElection(
-            libpq_dsn(settings.database.url),
+            libpq_dsn(database_url(settings.database)),
             settings.scheduler.leader_lock_key,
             database=settings.database,
         )

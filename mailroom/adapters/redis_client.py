@@ -27,7 +27,7 @@ from mailroom.settings import RedisSettings
 RETRIED_ERRORS = (ConnectionError, TimeoutError)
 
 
-def _options(settings: RedisSettings, block_s: float) -> dict[str, Any]:
+def _options(url: str, settings: RedisSettings, block_s: float) -> dict[str, Any]:
     return {
         "socket_connect_timeout": settings.connect_timeout_s,
         # A blocking read (XREADGROUP BLOCK) is silent for its block time: the
@@ -35,7 +35,28 @@ def _options(settings: RedisSettings, block_s: float) -> dict[str, Any]:
         "socket_timeout": settings.socket_timeout_s + block_s,
         "health_check_interval": settings.health_check_interval_s,
         "retry_on_error": list(RETRIED_ERRORS),
+        **link_options(url, settings),
     }
+
+
+def link_options(url: str, settings: RedisSettings) -> dict[str, Any]:
+    """ACL login and, for a ``rediss://`` URL, TLS files (a login in the URL wins)."""
+    options: dict[str, Any] = {}
+    if settings.username:
+        options["username"] = settings.username
+    if settings.password.get_secret_value():
+        options["password"] = settings.password.get_secret_value()
+    # NOTE: only a rediss:// URL builds an SSL connection; a plain one refuses ssl_* arguments.
+    if url.startswith("rediss://"):
+        tls = settings.tls
+        options["ssl_cert_reqs"] = "required"
+        options["ssl_check_hostname"] = True
+        if tls.ca_file is not None:
+            options["ssl_ca_certs"] = str(tls.ca_file)
+        if tls.cert_file is not None and tls.key_file is not None:
+            options["ssl_certfile"] = str(tls.cert_file)
+            options["ssl_keyfile"] = str(tls.key_file)
+    return options
 
 
 #: Retries of an operator command's client: one replaces a dead pooled connection; an
@@ -66,7 +87,7 @@ def async_client(
     ``attempts`` overrides ``settings.retry_attempts`` (operator commands fail fast).
     """
     retry = redis.asyncio.retry.Retry(*_retry_args(settings, attempts))
-    return aioredis.Redis.from_url(url, retry=retry, **_options(settings, block_s), **extra)
+    return aioredis.Redis.from_url(url, retry=retry, **_options(url, settings, block_s), **extra)
 
 
 def sync_client(
@@ -82,4 +103,4 @@ def sync_client(
     ``attempts`` overrides ``settings.retry_attempts`` for callers with a retry loop of their own.
     """
     retry = redis.retry.Retry(*_retry_args(settings, attempts))
-    return redis.Redis.from_url(url, retry=retry, **_options(settings, block_s), **extra)
+    return redis.Redis.from_url(url, retry=retry, **_options(url, settings, block_s), **extra)

@@ -54,12 +54,13 @@ def migrate() -> None:
     Runs one at a time per database (a Postgres advisory lock); a second run waits, then
     finds the schema at head.
     """
+    from mailroom.db import database_url
     from mailroom.errors import MigrationLockTimeout
     from mailroom.migrate import upgrade
 
     settings = load_settings("migrate")
     try:
-        upgrade(settings.database.url)
+        upgrade(database_url(settings.database))
     except MigrationLockTimeout as exc:
         typer.echo(f"mailroom: migrate: {exc}. Nothing was applied; try again.", err=True)
         raise typer.Exit(1) from None

@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from actors.queues import ALL as QUEUES
 from mailroom.adapters.redis_client import CLI_REDIS_ATTEMPTS, async_client
-from mailroom.db import create_engine, create_sessionmaker, libpq_dsn
+from mailroom.db import create_engine, create_sessionmaker, database_url, libpq_dsn
 from mailroom.models import ChannelMessage, InboundMail, MailboxCursor, RecognitionJob, StoredFile
 from mailroom.recognition.violations import CONTRACT_ERROR_CODES
 from mailroom.settings import Settings
@@ -127,7 +127,9 @@ async def _redis_status(settings: Settings) -> dict[str, Any]:
 
 
 def _leader(settings: Settings) -> str | None:
-    return current_leader(libpq_dsn(settings.database.url), settings.scheduler.leader_lock_key)
+    return current_leader(
+        libpq_dsn(database_url(settings.database)), settings.scheduler.leader_lock_key
+    )
 
 
 def print_status(settings: Settings, *, as_json: bool = False) -> None:

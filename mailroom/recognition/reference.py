@@ -27,6 +27,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from pydantic import ValidationError
 
+from mailroom.adapters.nats.login import connect_options
 from mailroom.adapters.storage import ObjectStore, build_store
 from mailroom.errors import AppError, ExtractionError, InvalidKey, ObjectNotFound, RetryableError
 from mailroom.recognition.contracts import (
@@ -133,6 +134,7 @@ class ReferenceRecognizer:
             name=self.service.name,
             connect_timeout=self.settings.nats.connect_timeout_s,
             reconnect_time_wait=RECONNECT_WAIT_S,
+            **connect_options(self.settings.nats),
             max_reconnect_attempts=MAX_RECONNECT_ATTEMPTS,
             error_cb=on_error,
             closed_cb=on_closed,

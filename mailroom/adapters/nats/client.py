@@ -7,6 +7,8 @@ and ensures the JetStream stream over request and result subjects.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import Sequence
 
@@ -16,6 +18,7 @@ from nats.aio.client import Client as NatsConnection
 from nats.js import JetStreamContext
 from nats.js.api import StorageType, StreamConfig
 
+from mailroom.adapters.nats.login import connect_error, connect_options
 from mailroom.adapters.nats.publisher import (
     OutgoingMessage,
     PublishAck,
@@ -35,6 +38,9 @@ from mailroom.settings import NatsSettings
 
 logger = logging.getLogger(__name__)
 
+#: Errors of the first connection kept to explain its failure.
+MAX_CONNECT_ERRORS = 20
+
 #: JetStream API error code for "stream name already in use" (with another config).
 STREAM_NAME_IN_USE = 10058
 
@@ -50,6 +56,8 @@ class NatsClient:
         self._closing = False
         #: The last error logged: the client retries every reconnect_wait_s and says so once.
         self._last_error: str | None = None
+        #: Errors nats-py reported while connecting: a refused login ends as NoServersError.
+        self._connect_errors: list[Exception] = []
 
     @property
     def jetstream(self) -> bool:
@@ -73,26 +81,34 @@ class NatsClient:
         if self._nc is not None:
             return
         self._closing = False
+        self._connect_errors = []
         nc = NatsConnection()
         try:
-            await nc.connect(
-                servers=[self.settings.url],
-                name=self.name,
-                connect_timeout=self.settings.connect_timeout_s,  # type: ignore[arg-type]
-                # A silently dead server (no RST) is noticed after the unanswered PINGs,
-                # not after nats-py's default of minutes; then the client reconnects.
-                ping_interval=self.settings.ping_interval_s,  # type: ignore[arg-type]
-                max_outstanding_pings=self.settings.max_outstanding_pings,
-                reconnect_time_wait=self.settings.reconnect_wait_s,  # type: ignore[arg-type]
-                max_reconnect_attempts=max(1, self.settings.initial_connect_attempts - 1),
-                error_cb=self._on_error,
-                disconnected_cb=self._on_disconnected,
-                reconnected_cb=self._on_reconnected,
+            # NOTE: bounded as a whole: after a failed TLS handshake nats-py waits forever
+            # for the dead stream to close (seen with a server certificate from another CA).
+            await asyncio.wait_for(
+                nc.connect(
+                    servers=[self.settings.url],
+                    name=self.name,
+                    **connect_options(self.settings),
+                    connect_timeout=self.settings.connect_timeout_s,  # type: ignore[arg-type]
+                    # A silently dead server (no RST) is noticed after the unanswered PINGs,
+                    # not after nats-py's default of minutes; then the client reconnects.
+                    ping_interval=self.settings.ping_interval_s,  # type: ignore[arg-type]
+                    max_outstanding_pings=self.settings.max_outstanding_pings,
+                    reconnect_time_wait=self.settings.reconnect_wait_s,  # type: ignore[arg-type]
+                    max_reconnect_attempts=max(1, self.settings.initial_connect_attempts - 1),
+                    error_cb=self._on_error,
+                    disconnected_cb=self._on_disconnected,
+                    reconnected_cb=self._on_reconnected,
+                ),
+                self._connect_budget_s(),
             )
         except (TimeoutError, nats.errors.Error, OSError) as exc:
             self._closing = True
-            await nc.close()
-            raise NatsUnavailable(f"connect {self.settings.url}: {type(exc).__name__}") from exc
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(nc.close(), self.settings.connect_timeout_s)
+            raise connect_error(self.settings, exc, self._connect_errors) from exc
         # NOTE: once connected, a lost server is retried without end: the process stays useful.
         nc.options["max_reconnect_attempts"] = -1
         self._nc = nc
@@ -103,6 +119,12 @@ class NatsClient:
             except BaseException:
                 await self.close()
                 raise
+
+    def _connect_budget_s(self) -> float:
+        """Longest the first connection may take: every attempt and wait, and a margin."""
+        s = self.settings
+        attempts = max(2, s.initial_connect_attempts)
+        return attempts * (s.connect_timeout_s + s.reconnect_wait_s) + 1.0
 
     async def close(self) -> None:
         self._closing = True
@@ -185,6 +207,8 @@ class NatsClient:
     async def _on_error(self, exc: Exception) -> None:
         if self._closing:
             return
+        if self._nc is None and len(self._connect_errors) < MAX_CONNECT_ERRORS:
+            self._connect_errors.append(exc)
         error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         if error != self._last_error:
             # NOTE: not the URL: it may carry a password; the error names host and port.

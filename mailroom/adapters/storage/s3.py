@@ -38,6 +38,8 @@ class S3Store(Buckets):
             region_name=settings.s3_region,
             aws_access_key_id=settings.s3_access_key.get_secret_value() or None,
             aws_secret_access_key=settings.s3_secret_key.get_secret_value() or None,
+            # A CA bundle, or whether to check the certificate against the system's CAs.
+            verify=str(settings.s3_ca_file) if settings.s3_ca_file else settings.s3_verify,
             config=Config(
                 retries={"max_attempts": settings.s3_retries},
                 connect_timeout=settings.s3_connect_timeout_s,
