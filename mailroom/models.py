@@ -122,6 +122,13 @@ class InboundMail(Base):
             "finalized_at",
             postgresql_where=text("status = 'final' AND notified_at IS NULL"),
         ),
+        # The retention pass's candidates: mails whose objects are still stored.
+        Index(
+            "ix_inbound_mail_retention",
+            "cursor_id",
+            "created_at",
+            postgresql_where=text("purged_at IS NULL"),
+        ),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -144,6 +151,10 @@ class InboundMail(Base):
     finalized_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     #: When the notifications of its final state were created; NULL: still to do.
     notified_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    #: When retention removed its body, attachments and results (rows and documents stay).
+    purged_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    #: A legal hold: neither retention nor ``intake erase`` touches the mail.
+    legal_hold: Mapped[bool] = mapped_column(server_default=text("false"))
     created_at: Mapped[datetime] = _now()
 
 
@@ -165,6 +176,24 @@ class StoredObject(Base):
     media_type: Mapped[str | None] = mapped_column(String(255))
     created_by: Mapped[str] = mapped_column(String(100))
     created_at: Mapped[datetime] = _now()
+
+
+class ObjectDeletion(Base):
+    """An object to delete from the store, queued in the transaction that dropped its last row.
+
+    Deleted from the store after that commit; a crash in between leaves the row for the
+    retention pass to finish (``mailroom/lifecycle``).
+    """
+
+    __tablename__ = "object_deletion"
+    __table_args__ = (UniqueConstraint("bucket", "key"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    bucket: Mapped[str] = mapped_column(String(255))
+    key: Mapped[str] = mapped_column(String(1024))
+    attempts: Mapped[int] = mapped_column(Integer, server_default="0")
+    last_error: Mapped[str | None] = mapped_column(Text)
+    requested_at: Mapped[datetime] = _now()
 
 
 class StoredFile(Base):
