@@ -25,11 +25,14 @@ cause (``raise X(...) from exc``); pipelines and actors only ever see these.
     │   ├── UnknownChannel
     │   ├── UnknownAccount
     │   ├── ChannelRejected
+    │   ├── WebhookTargetRefused                 (URL off the outbound allow-list)
+    │   ├── UnsafeHeaderValue                    (CR/LF or a control in a header)
     │   ├── UnknownMailbox
     │   ├── CursorNotFound
     │   ├── CursorBusy
     │   ├── ReplayRefused                        (recognition job)
     │   ├── NotReplayable                        (channel message)
+    │   ├── MailNotFound, MailOnLegalHold        (intake erase, hold, release)
     │   ├── InvalidMessage                       (recognition answer off the contract)
     │   └── ExtractionError
     │       ├── UnreadableFile
@@ -171,6 +174,14 @@ class ChannelRejected(PermanentError):
     """The channel's provider refused the message."""
 
 
+class WebhookTargetRefused(PermanentError):
+    """The webhook URL is off the allow-list: not https, or a host or address not allowed."""
+
+
+class UnsafeHeaderValue(PermanentError):
+    """A header value carries CR, LF or another control character (header injection)."""
+
+
 class UnknownMailbox(PermanentError):
     """No mailbox of that name is configured."""
 
@@ -189,6 +200,14 @@ class ReplayRefused(PermanentError):
 
 class NotReplayable(PermanentError):
     """The channel message is not in a status that can be replayed."""
+
+
+class MailNotFound(PermanentError):
+    """No inbound mail has that id."""
+
+
+class MailOnLegalHold(PermanentError):
+    """The mail is on legal hold: it cannot be erased until the hold is released."""
 
 
 class InvalidMessage(PermanentError):

@@ -27,7 +27,8 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from mailroom import settings_checks, webhooks
+from mailroom import outbound, settings_checks, webhooks
+from mailroom.errors import WebhookTargetRefused
 from mailroom.settings_checks import StrictEnvSource, unknown_placeholders
 
 #: Loopback ports of the embedded dev stack (``mailroom dev``).
@@ -533,9 +534,35 @@ class DeliverySettings(StrictModel):
     #: Longest wait between the bridge's reconnect attempts, in seconds.
     reconnect_max_backoff_s: float = 10.0
     webhook_accounts: dict[str, WebhookAccount] = Field(default_factory=dict)
+    #: Hosts webhooks may be sent to: names (hooks.example.com), *.example.com, * for any name,
+    #: IP addresses and networks (10.0.0.0/8). Loopback, private, link-local and other
+    #: non-public addresses are refused, at load and in every send's DNS answer, unless listed.
+    webhook_allowed_hosts: list[str] = Field(default_factory=list)
+    #: Let webhooks go over plain http:// (mailroom dev, tests); off: https only.
+    webhook_allow_http: bool = False
     email_accounts: dict[str, EmailAccount] = Field(default_factory=dict)
     rate_limits: dict[str, RateLimit] = Field(default_factory=dict)
     routes: list[NotificationRoute] = Field(default_factory=lambda: [NotificationRoute()])
+
+    @property
+    def webhook_allow_list(self) -> outbound.AllowList:
+        return outbound.AllowList.parse(
+            self.webhook_allowed_hosts, allow_http=self.webhook_allow_http
+        )
+
+    @model_validator(mode="after")
+    def _check_webhook_targets(self) -> DeliverySettings:
+        """Each webhook URL is on the allow-list (its DNS answers are checked at each send)."""
+        try:
+            allow = self.webhook_allow_list
+        except ValueError as exc:
+            raise ValueError(f"webhook_allowed_hosts: {exc}") from None
+        for name, account in self.webhook_accounts.items():
+            try:
+                outbound.check_url(account.url, allow)
+            except WebhookTargetRefused as exc:
+                raise ValueError(f"webhook_accounts.{name}: {exc}") from None
+        return self
 
 
 class SchedulerSettings(StrictModel):

@@ -104,6 +104,9 @@ def _dev_delivery_env(webhook: WebhookSink, smtp: SmtpSink) -> dict[str, str]:
     ]
     return {
         "MAILROOM_DELIVERY__WEBHOOK_ACCOUNTS": json.dumps({"default": webhook.account()}),
+        # The sink is on loopback over http: allowed here by name, never by default.
+        "MAILROOM_DELIVERY__WEBHOOK_ALLOWED_HOSTS": json.dumps(["127.0.0.1"]),
+        "MAILROOM_DELIVERY__WEBHOOK_ALLOW_HTTP": "true",
         "MAILROOM_DELIVERY__EMAIL_ACCOUNTS": json.dumps(
             {"default": {"host": "127.0.0.1", "port": smtp.port, "security": "plain"}}
         ),

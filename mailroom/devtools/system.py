@@ -158,6 +158,8 @@ def system_env(
         MAILROOM_DELIVERY__READD_AFTER_S="5",
         MAILROOM_DELIVERY__BACKOFF_BASE_S="0.5",
         MAILROOM_DELIVERY__WEBHOOK_ACCOUNTS=json.dumps({"default": webhook.account()}),
+        MAILROOM_DELIVERY__WEBHOOK_ALLOWED_HOSTS=json.dumps(["127.0.0.1"]),
+        MAILROOM_DELIVERY__WEBHOOK_ALLOW_HTTP="true",
         MAILROOM_DELIVERY__ROUTES=json.dumps(
             [
                 {"channel": "log", "recipient": "ops"},

@@ -115,3 +115,85 @@ async def test_during_rotation_a_sender_with_both_secrets_reaches_every_receiver
     outcome, _ = await deliver_one(deliverer_for, delivery_sessions, sink, [OLD, NEW])
     assert outcome == Outcome.DELIVERED
     assert len(sink.received) == 1
+
+
+# --- Outbound allow-list -------------------------------------------------------------------
+
+
+async def deliver_with(delivery_settings, sessions, redis, url: str, **delivery) -> tuple:
+    """Deliver one webhook message to ``url`` with delivery settings changed by ``delivery``.
+
+    ``model_copy`` skips the load checks, as settings built in code would: the send checks.
+    """
+    settings = delivery_settings.model_copy(
+        update={"webhook_accounts": {"default": WebhookAccount(url=url)}, **delivery}
+    )
+    keys = DeliveryRedis(redis, stream_key=settings.stream_key)
+    outbound = ChannelOutbound(settings, redis=keys)
+    deliverer = Deliverer(
+        sessions=sessions,
+        redis=keys,
+        outbound=outbound,
+        settings=settings,
+        owner=LockOwner("worker-a", started_at=1.0),
+    )
+    message_id = await make_message(sessions, channel="webhook")
+    try:
+        outcome = await deliverer.deliver(message_id)
+    finally:
+        await outbound.aclose()
+    return outcome, await load_message(sessions, message_id)
+
+
+async def test_a_listed_name_resolving_to_loopback_fails_once_with_the_reason(
+    delivery_settings, delivery_sessions, delivery_redis, http_receiver
+):
+    # The name is listed, its address is not: what a DNS answer pointing inside looks like.
+    url = f"http://localhost:{http_receiver.port}/hook"
+    outcome, row = await deliver_with(
+        delivery_settings,
+        delivery_sessions,
+        delivery_redis,
+        url,
+        webhook_allowed_hosts=["localhost"],
+    )
+    assert outcome == Outcome.FAILED
+    assert (row.status, row.attempts) == ("failed", 1)
+    assert "resolves to 127.0.0.1, which is not a public address" in row.last_error
+    assert http_receiver.requests == []
+
+
+async def test_a_listed_name_and_address_are_sent_to_the_checked_address_with_the_name(
+    delivery_settings, delivery_sessions, delivery_redis, http_receiver
+):
+    url = f"http://localhost:{http_receiver.port}/hook"
+    outcome, _ = await deliver_with(
+        delivery_settings,
+        delivery_sessions,
+        delivery_redis,
+        url,
+        webhook_allowed_hosts=["localhost", "127.0.0.1", "::1"],
+    )
+    assert outcome == Outcome.DELIVERED
+    [request] = http_receiver.requests
+    assert request.headers["Host"] == f"localhost:{http_receiver.port}"
+
+
+@pytest.mark.parametrize(
+    ("delivery", "reason"),
+    [
+        ({"webhook_allowed_hosts": []}, "address 127.0.0.1 is not in"),
+        ({"webhook_allow_http": False}, "plain http"),
+    ],
+    ids=["unlisted", "http"],
+)
+async def test_an_unlisted_or_plain_http_url_is_refused_at_send(
+    delivery_settings, delivery_sessions, delivery_redis, http_receiver, delivery, reason
+):
+    outcome, row = await deliver_with(
+        delivery_settings, delivery_sessions, delivery_redis, http_receiver.url, **delivery
+    )
+    assert outcome == Outcome.FAILED
+    assert (row.status, row.attempts) == ("failed", 1)
+    assert reason in row.last_error
+    assert http_receiver.requests == []

@@ -53,6 +53,7 @@ def test_value_below_a_single_value_setting_is_unknown(monkeypatch):
 
 def test_keys_of_mapping_items_may_come_from_their_own_variables(monkeypatch):
     monkeypatch.setenv("MAILROOM_DELIVERY__WEBHOOK_ACCOUNTS__HOOKS__URL", "https://hooks.test/")
+    monkeypatch.setenv("MAILROOM_DELIVERY__WEBHOOK_ALLOWED_HOSTS", '["hooks.test"]')
     assert Settings().delivery.webhook_accounts["hooks"].url == "https://hooks.test/"
 
 
@@ -74,7 +75,7 @@ def test_unknown_nested_key_is_named_alone_with_its_variable(monkeypatch):
         ("MAILROOM_NATS__URLL", "nats://x", None),
         ("MAILROOM_DELIVERY__ROUTES", '[{"chanel": "log"}]', "chanel"),
         ("MAILROOM_DELIVERY__EMAIL_ACCOUNTS", '{"a": {"host": "h", "securty": "ssl"}}', "securty"),
-        ("MAILROOM_RECOGNITION__DOCUMENT_TYPES", '{"x": {"required": []}}', "required"),
+        ("MAILROOM_RECOGNITION__DOCUMENT_TYPES", '{"x": {"requird": []}}', "requird"),
     ],
 )
 def test_every_nested_model_refuses_unknown_keys(monkeypatch, variable, value, key):
@@ -120,6 +121,7 @@ def test_every_known_placeholder_and_its_format_specs_are_accepted():
 def test_route_to_an_account_that_does_not_exist_fails_at_load():
     delivery = DeliverySettings(
         webhook_accounts={"default": WebhookAccount(url="https://hooks.test/")},
+        webhook_allowed_hosts=["hooks.test"],
         routes=[NotificationRoute(channel="webhook", account="finance")],
     )
     with pytest.raises(ValidationError, match="no webhook account 'finance'"):

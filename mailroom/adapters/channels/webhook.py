@@ -4,6 +4,11 @@ Requests are signed by the Standard Webhooks convention (``mailroom.webhooks``) 
 the account has secrets; ``webhook-id`` is the idempotency key, so a resend carries
 the same id and a fresh timestamp and signature.
 
+Before each send the URL is checked against the allow-list (``mailroom.outbound``),
+the host resolved and every address checked; the request then goes to the checked
+address (the name stays in ``Host`` and in TLS), so a DNS answer that changes
+between the check and the connect cannot redirect it.
+
 2xx is delivered; 429 with ``Retry-After`` is a rate limit; 5xx, timeouts and
 connection errors are retryable; any other status is permanent. The receiver
 dedupes on the key, so the channel is idempotent and a send left uncertain by a
@@ -12,17 +17,23 @@ crash is simply sent again.
 
 from __future__ import annotations
 
+import asyncio
+import ipaddress
 import json
+import socket
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 
 import httpx
 
-from mailroom import webhooks
+from mailroom import outbound, webhooks
 from mailroom.adapters.channels import register
 from mailroom.delivery.ports import Envelope
 from mailroom.errors import ChannelRejected, ChannelUnavailable, RateLimited, UnknownAccount
 from mailroom.settings import DeliverySettings, WebhookAccount
+
+#: Longest wait for the DNS answer of a webhook host, in seconds.
+RESOLVE_TIMEOUT_S = 10.0
 
 #: Longest wait a ``Retry-After`` header may ask for, in seconds.
 MAX_RETRY_AFTER_S = 3600.0
@@ -38,6 +49,7 @@ class WebhookChannel:
             raise UnknownAccount(f"no webhook account {account[:50]!r}")
         self.account_name = account
         self.account: WebhookAccount = found
+        self.allow = settings.webhook_allow_list
         self._client = httpx.AsyncClient(
             timeout=found.timeout_s, follow_redirects=False, trust_env=False
         )
@@ -58,16 +70,62 @@ class WebhookChannel:
         if self.account.secrets:
             secrets = [secret.get_secret_value() for secret in self.account.secrets]
             headers |= webhooks.signature_headers(secrets, envelope.idempotency_key, body)
-        try:
-            response = await self._client.post(self.account.url, content=body, headers=headers)
-        except httpx.TimeoutException as exc:
-            raise ChannelUnavailable(f"webhook timed out: {type(exc).__name__}") from exc
-        except httpx.TransportError as exc:
-            raise ChannelUnavailable(f"webhook unreachable: {type(exc).__name__}: {exc}") from exc
+        for name, value in headers.items():
+            outbound.check_header_value(name, value)
+        targets = await self._pinned_targets(headers)
+        for index, (url, extensions) in enumerate(targets):
+            try:
+                response = await self._client.post(
+                    url, content=body, headers=headers, extensions=extensions
+                )
+                break
+            except httpx.ConnectError as exc:
+                if index + 1 < len(targets):
+                    continue  # nothing was sent: the host's next checked address may answer
+                raise ChannelUnavailable(f"webhook unreachable: ConnectError: {exc}") from exc
+            except httpx.TimeoutException as exc:
+                raise ChannelUnavailable(f"webhook timed out: {type(exc).__name__}") from exc
+            except httpx.TransportError as exc:
+                detail = f"{type(exc).__name__}: {exc}"
+                raise ChannelUnavailable(f"webhook unreachable: {detail}") from exc
         _check(response)
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+    async def _pinned_targets(
+        self, headers: dict[str, str]
+    ) -> list[tuple[httpx.URL, dict[str, str]]]:
+        """The account's URL with its host replaced by each checked address; sets ``Host``."""
+        host = outbound.check_url(self.account.url, self.allow)
+        url = httpx.URL(self.account.url)
+        address = outbound.literal_address(host)
+        if address is not None:
+            outbound.check_addresses(host, [address], self.allow)
+            return [(url, {})]
+        addresses = await _resolve(host, url.port or (443 if url.scheme == "https" else 80))
+        outbound.check_addresses(host, addresses, self.allow)
+        headers["Host"] = url.netloc.decode("ascii")
+        # TLS still checks the certificate against the name (sni_hostname is its server name).
+        return [(url.copy_with(host=str(a)), {"sni_hostname": host}) for a in addresses]
+
+
+async def _resolve(host: str, port: int) -> list[outbound.Address]:
+    """The addresses ``host`` resolves to now; a DNS failure is retryable."""
+    loop = asyncio.get_running_loop()
+    try:
+        infos = await asyncio.wait_for(
+            loop.getaddrinfo(host, port, type=socket.SOCK_STREAM), RESOLVE_TIMEOUT_S
+        )
+    except (OSError, TimeoutError) as exc:
+        raise ChannelUnavailable(f"webhook host {host!r} does not resolve: {exc}") from exc
+    # Scope ids (fe80::1%eth0) are cut off: link-local is refused unless listed anyway.
+    addresses = list(
+        dict.fromkeys(ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos)
+    )
+    if not addresses:
+        raise ChannelUnavailable(f"webhook host {host!r} resolved to no address")
+    return addresses
 
 
 def _check(response: httpx.Response) -> None:
