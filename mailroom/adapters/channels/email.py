@@ -17,6 +17,7 @@ from email.utils import formatdate
 from mailroom.adapters.channels import register
 from mailroom.delivery.ports import Envelope
 from mailroom.errors import AppError, ChannelRejected, ChannelUnavailable, UnknownAccount
+from mailroom.outbound import check_header_value
 from mailroom.settings import DeliverySettings, EmailAccount
 
 
@@ -58,13 +59,17 @@ class EmailChannel:
 
 
 def build_mail(envelope: Envelope, sender: str) -> EmailMessage:
+    """The mail of one chunk; ``UnsafeHeaderValue`` when a header would carry CR, LF or a control.
+
+    The subject comes from a route template over mail headers, so it is checked, never cleaned.
+    """
     mail = EmailMessage()
     subject = envelope.subject or f"Notification {envelope.message_id}"
     if envelope.chunks > 1:
         subject = f"{subject} ({envelope.chunk}/{envelope.chunks})"
-    mail["Subject"] = subject
-    mail["From"] = sender
-    mail["To"] = envelope.recipient
+    mail["Subject"] = check_header_value("Subject", subject)
+    mail["From"] = check_header_value("From", sender)
+    mail["To"] = check_header_value("To", envelope.recipient)
     mail["Date"] = formatdate(usegmt=True)
     domain = sender.rpartition("@")[2] or "mailroom.invalid"
     mail["Message-ID"] = f"<mailroom.{envelope.message_id}.{envelope.chunk}@{domain}>"
