@@ -61,6 +61,8 @@ JOB_STATUSES = (
     "dlq",
 )
 FINAL_JOB_STATUSES = ("done", "needs_check", "error", "timeout", "dlq")
+#: automatic: a recognition service's attempt; manual: an operator's review (accept, correct).
+JOB_KINDS = ("automatic", "manual")
 DOCUMENT_STATUSES = ("ok", "needs_check")
 MESSAGE_STATUSES = ("pending", "sending", "delivered", "partial_failed", "failed", "uncertain")
 FINAL_MESSAGE_STATUSES = ("delivered", "partial_failed", "failed", "uncertain")
@@ -231,6 +233,7 @@ class RecognitionJob(Base):
         UniqueConstraint("file_id", "attempt", name="file_attempt"),
         CheckConstraint(_in("status", JOB_STATUSES), name="status"),
         CheckConstraint(_in("pipeline", PIPELINES), name="pipeline"),
+        CheckConstraint(_in("kind", JOB_KINDS), name="kind"),
         # The outbox publisher's candidates: queued, or published and waiting for an ack.
         Index(
             "ix_recognition_job_outbox",
@@ -279,6 +282,9 @@ class RecognitionJob(Base):
     result_schema_version: Mapped[str | None] = mapped_column(String(20))
     result_object_id: Mapped[int | None] = mapped_column(ForeignKey("stored_object.id"))
     mapped_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    kind: Mapped[str] = mapped_column(String(20), server_default="automatic")
+    #: Who made a manual attempt (``mailroom review``); NULL for automatic ones.
+    operator_id: Mapped[str | None] = mapped_column(String(200))
 
 
 class Document(Base):

@@ -28,6 +28,7 @@ from pydantic_settings import (
 )
 
 from mailroom import outbound, settings_checks, webhooks
+from mailroom.document_types import DocumentType
 from mailroom.errors import WebhookTargetRefused
 from mailroom.settings_checks import StrictEnvSource, unknown_placeholders
 
@@ -375,10 +376,6 @@ class IntakeSettings(StrictModel):
     commit_group: int = 25
 
 
-class DocumentType(StrictModel):
-    required_fields: list[str] = Field(default_factory=list)
-
-
 class RecognitionSettings(StrictModel):
     #: A published job with no ack for this long is republished, in seconds.
     ack_timeout_s: float = 30.0
@@ -389,9 +386,11 @@ class RecognitionSettings(StrictModel):
     #: Attempts in all (the first included) before a failed result settles.
     automatic_attempts: int = 2
     confidence_threshold: float = 0.8
+    #: Per type, the fields its documents need; a list inside ``required`` means one of them:
+    #: ``{"fund": {"required": [["investor_name", "customer_id"], "amount"]}}``.
     document_types: dict[str, DocumentType] = Field(
         default_factory=lambda: {
-            "invoice": DocumentType(required_fields=["invoice_number", "total"]),
+            "invoice": DocumentType(required=["invoice_number", "total"]),
             "generic": DocumentType(),
         }
     )

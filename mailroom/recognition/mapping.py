@@ -196,12 +196,9 @@ def judge(
 ) -> Verdict:
     """Check a valid result against its document type's required fields and the threshold."""
     doc_type = settings.document_types.get(result.document_type)
-    required = doc_type.required_fields if doc_type else []
-    missing = [
-        name
-        for name in required
-        if name not in result.fields or result.fields[name].value in (None, "")
-    ]
+    values = {name: value.value for name, value in result.fields.items()}
+    # A one-of rule not met is reported as "investor_name|customer_id".
+    missing = doc_type.missing(values) if doc_type else []
     low = sorted(
         name
         for name, value in result.fields.items()
@@ -219,7 +216,7 @@ def judge(
     ok = not reasons
     document = {
         "document_type": result.document_type,
-        "fields": {name: value.value for name, value in result.fields.items()},
+        "fields": values,
         "field_confidence": {name: value.confidence for name, value in result.fields.items()},
         "missing_fields": missing,
         "low_confidence_fields": low,
