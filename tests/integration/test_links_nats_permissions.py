@@ -1,0 +1,172 @@
+"""Trusted results: nats-server runs deploy/nats-server.conf (on a free port and a temporary
+store), Mailroom works with its user, and only the recognizer's user can publish a result."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import nats
+import pytest
+
+from mailroom.adapters.nats import NatsClient, OutgoingMessage
+from mailroom.adapters.nats.login import connect_options
+from mailroom.errors import NatsUnavailable
+from mailroom.settings import NatsSettings
+from tests.fixtures.links import ConfiguredNats
+
+pytestmark = pytest.mark.integration
+
+DEPLOY_CONFIG = Path(__file__).parents[2] / "deploy" / "nats-server.conf"
+DEPLOY_STORE_DIR = "store_dir: /data/jetstream"
+PASSWORDS = {"mailroom": "mailroom-pass-1", "recognizer": "recognizer-pass-2"}
+
+
+@pytest.fixture(scope="module")
+def deployed_nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConfiguredNats]:
+    env = {
+        "MAILROOM_NATS_PASSWORD": PASSWORDS["mailroom"],
+        "RECOGNIZER_NATS_PASSWORD": PASSWORDS["recognizer"],
+    }
+    folder = tmp_path_factory.mktemp("nats-deploy")
+    # The deployed file as it is, but for its JetStream store (nats-server refuses -sd beside
+    # a store_dir); the port is given on the command line.
+    deployed = DEPLOY_CONFIG.read_text()
+    assert deployed.count(DEPLOY_STORE_DIR) == 1
+    config = folder / "nats-server.conf"
+    config.write_text(deployed.replace(DEPLOY_STORE_DIR, f'store_dir: "{folder / "jetstream"}"'))
+    server = ConfiguredNats(folder, config, env).start()
+    yield server
+    server.stop()
+
+
+def _settings(server: ConfiguredNats, user: str, **overrides: object) -> NatsSettings:
+    values: dict[str, object] = {
+        "url": server.url_for(),
+        "user": user,
+        "password": PASSWORDS[user],
+        # The deployed configuration names the default subjects and stream: a stream name per
+        # test would need its own permissions, so the tests share it and use unique ids.
+        "inbox_durable": "mailroom-inbox",
+        "connect_timeout_s": 1.0,
+        "reconnect_wait_s": 0.1,
+        "initial_connect_attempts": 1,
+    }
+    return NatsSettings(**{**values, **overrides})
+
+
+class _Side:
+    """A raw connection as one user, with the server's errors (permission violations)."""
+
+    def __init__(self, nc: nats.NATS, errors: asyncio.Queue[Exception]) -> None:
+        self.nc, self.errors = nc, errors
+
+    async def violation(self) -> str:
+        return str(await asyncio.wait_for(self.errors.get(), 5.0))
+
+
+@pytest.fixture
+async def connect_as(deployed_nats) -> AsyncIterator:
+    sides: list[_Side] = []
+
+    async def connect(user: str) -> _Side:
+        errors: asyncio.Queue[Exception] = asyncio.Queue()
+
+        async def on_error(exc: Exception) -> None:
+            errors.put_nowait(exc)
+
+        settings = _settings(deployed_nats, user)
+        nc = await nats.connect(
+            settings.url, error_cb=on_error, allow_reconnect=False, **connect_options(settings)
+        )
+        sides.append(_Side(nc, errors))
+        return sides[-1]
+
+    yield connect
+    for side in sides:
+        await side.nc.close()
+
+
+@pytest.fixture
+async def mailroom(deployed_nats) -> AsyncIterator[NatsClient]:
+    client = NatsClient(_settings(deployed_nats, "mailroom"), name="mailroom-test")
+    await client.connect()  # JetStream: creates or aligns the stream under its permissions
+    yield client
+    await client.close()
+
+
+async def test_mailroom_publishes_requests_and_reads_the_recognizers_results(mailroom, connect_as):
+    settings = mailroom.settings
+    recognizer = await connect_as("recognizer")
+    requests = await recognizer.nc.subscribe(settings.subject(settings.tabular_subject))
+    results = await mailroom.subscribe_results()
+    try:
+        job = uuid.uuid4().hex
+        request = OutgoingMessage(settings.tabular_subject, job.encode(), f"req-{job}")
+        await mailroom.publish(request)
+        received = await requests.next_msg(timeout=5.0)
+        assert received.data == job.encode()
+
+        await recognizer.nc.publish(settings.results_subject, f"result {job}".encode())
+        await recognizer.nc.flush()
+        fetched = await _fetch_until(results, f"result {job}".encode())
+        assert fetched == f"result {job}".encode()
+    finally:
+        await results.close()
+        await requests.unsubscribe()
+    assert recognizer.errors.empty()
+
+
+async def test_only_the_recognizer_can_publish_a_result(mailroom, connect_as):
+    settings = mailroom.settings
+    results = await mailroom.subscribe_results()
+    intruder, recognizer = await connect_as("mailroom"), await connect_as("recognizer")
+    try:
+        forged = f"forged {uuid.uuid4().hex}".encode()
+        await intruder.nc.publish(settings.results_subject, forged)
+        assert "permissions violation for publish" in (await intruder.violation()).lower()
+
+        # The server refused the forged result before this one: the first result to reach
+        # Mailroom after it is the recognizer's.
+        genuine = f"genuine {uuid.uuid4().hex}".encode()
+        await recognizer.nc.publish(settings.results_subject, genuine)
+        await recognizer.nc.flush()
+        seen = await _fetch_all_until(results, genuine)
+        assert forged not in seen and seen[-1] == genuine
+    finally:
+        await results.close()
+
+
+async def test_the_recognizer_cannot_publish_requests_or_touch_the_stream(connect_as):
+    recognizer = await connect_as("recognizer")
+    await recognizer.nc.publish("files.tabular_uploaded", b"{}")
+    assert 'publish to "files.tabular_uploaded"' in (await recognizer.violation()).lower()
+    await recognizer.nc.publish("$JS.API.STREAM.DELETE.MAILROOM_FILES", b"")
+    assert "$js.api.stream.delete.mailroom_files" in (await recognizer.violation()).lower()
+
+
+async def test_a_client_without_a_login_is_refused_in_one_line(deployed_nats):
+    settings = _settings(deployed_nats, "mailroom").model_copy(
+        update={"user": "", "password": NatsSettings().password}
+    )
+    client = NatsClient(settings, name="anonymous")
+    with pytest.raises(NatsUnavailable, match=r"NATS refused the login \(no credentials given\)"):
+        await client.connect()
+    await client.close()
+
+
+async def _fetch_all_until(results, wanted: bytes) -> list[bytes]:
+    """Every result fetched (and acked) up to and including ``wanted``."""
+    seen: list[bytes] = []
+    async with asyncio.timeout(10.0):
+        while wanted not in seen:
+            for message in await results.fetch(10, 1.0):
+                seen.append(message.data)
+                await message.ack()
+    return seen
+
+
+async def _fetch_until(results, wanted: bytes) -> bytes:
+    return (await _fetch_all_until(results, wanted))[-1]
