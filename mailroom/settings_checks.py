@@ -80,11 +80,23 @@ def check_variable(model: type[BaseModel], name: str, value: str) -> None:
 
 
 def names_setting(model: type[BaseModel], name: str) -> bool:
-    """Whether the variable ``name`` (prefixed, upper-case) names a setting of ``model``."""
-    try:
-        check_variable(model, name, "{}")  # any JSON: only the name is in question
-    except UnknownSettingError:
-        return False
+    """Whether the variable ``name`` (prefixed) names a setting of ``model``.
+
+    Walks into list items (by index) and mapping values (by any key), so
+    ``…__WEBHOOK_ACCOUNTS__ERP__SECRETS`` names a setting and ``…__SECRETS_FILE`` does not.
+    """
+    annotation: Any = model
+    for part in name[len(PREFIX) :].lower().split(DELIMITER):
+        current = _model(annotation)
+        origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+        if current is not None and part in current.model_fields:
+            annotation = current.model_fields[part].annotation
+        elif current is None and origin is list and args and part.isdigit():
+            annotation = args[0]
+        elif current is None and origin is dict and len(args) == 2:
+            annotation = args[1]
+        else:
+            return False
     return True
 
 

@@ -46,6 +46,20 @@ def test_a_json_list_may_come_from_a_file(tmp_path, monkeypatch):
     assert mailbox.password.get_secret_value() == SECRET
 
 
+def test_a_key_of_a_mapping_item_may_come_from_a_file(tmp_path, monkeypatch):
+    secret = "whsec_c2VjcmV0IG9mIHRoZSB3ZWJob29rIHRlc3Rz"
+    (tmp_path / "erp-secrets").write_text(json.dumps([secret]) + "\n")
+    monkeypatch.setenv("MAILROOM_DELIVERY__WEBHOOK_ALLOWED_HOSTS", '["hooks.example.com"]')
+    monkeypatch.setenv(
+        "MAILROOM_DELIVERY__WEBHOOK_ACCOUNTS__ERP__URL", "https://hooks.example.com/"
+    )
+    monkeypatch.setenv(
+        "MAILROOM_DELIVERY__WEBHOOK_ACCOUNTS__ERP__SECRETS_FILE", str(tmp_path / "erp-secrets")
+    )
+    [found] = Settings().delivery.webhook_accounts["erp"].secrets
+    assert found.get_secret_value() == secret
+
+
 def test_the_secrets_directory_holds_files_named_like_variables(tmp_path, monkeypatch):
     (tmp_path / "MAILROOM_SENTRY__DSN").write_text("https://key@sentry.test/1\n")
     (tmp_path / "MAILROOM_DATABASE__URL").write_text("from-the-directory")
