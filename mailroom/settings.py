@@ -329,6 +329,9 @@ class MailboxSettings(StrictModel):
     after_ingest_flag: str = "$Mailroom"
     #: The folder after_ingest ``move`` moves ingested mail to (it must exist).
     move_to: str | None = None
+    #: Days a final mail keeps its body, attachments and result objects; then the retention
+    #: pass removes them (rows and documents stay). Empty: kept forever.
+    retention_days: int | None = Field(default=None, gt=0)
 
     @model_validator(mode="before")
     @classmethod
@@ -564,6 +567,18 @@ class DeliverySettings(StrictModel):
         return self
 
 
+class RetentionSettings(StrictModel):
+    """The retention pass (a mailbox's ``retention_days``) and object deletion after erase."""
+
+    #: Mails one retention transaction purges at most.
+    batch_size: int = Field(default=100, gt=0)
+    #: Batches one pass runs at most; the rest waits for the next pass.
+    max_batches: int = Field(default=20, gt=0)
+    #: An object whose last row went is deleted from the store only this long after, in
+    #: seconds: an intake storing the same bytes again meanwhile registers it anew and keeps it.
+    deletion_grace_s: float = Field(default=300.0, ge=0)
+
+
 class SchedulerSettings(StrictModel):
     poll_interval_s: float = 30.0
     outbox_sweep_interval_s: float = 10.0
@@ -574,6 +589,8 @@ class SchedulerSettings(StrictModel):
     #: How often final mails without notifications are looked for, in seconds.
     notification_sweep_interval_s: float = 30.0
     broker_maintenance_interval_s: float = 5.0
+    #: How often the retention pass runs (mailboxes with retention_days), in seconds.
+    retention_interval_s: float = 3600.0
     #: Postgres advisory lock key that elects the single leader.
     leader_lock_key: int = 0x6D61696C
     #: How often a standby retries the leader lock, in seconds.
@@ -619,6 +636,7 @@ class Settings(BaseSettings):
     recognizer: RecognizerSettings = RecognizerSettings()
     delivery: DeliverySettings = DeliverySettings()
     scheduler: SchedulerSettings = SchedulerSettings()
+    retention: RetentionSettings = RetentionSettings()
     sentry: SentrySettings = SentrySettings()
     metrics: MetricsSettings = MetricsSettings()
 

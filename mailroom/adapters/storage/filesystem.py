@@ -95,6 +95,9 @@ class FilesystemStore(Buckets):
     async def exists(self, bucket: str, key: str) -> bool:
         return await asyncio.to_thread(os.path.exists, self._path(bucket, key))
 
+    async def delete(self, bucket: str, key: str) -> None:
+        await asyncio.to_thread(_unlink_quietly, self._path(bucket, key))
+
 
 #: Create only, never open an existing file; objects are private like the mail they hold.
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)

@@ -127,5 +127,13 @@ class S3Store(Buckets):
             raise translated from exc
         return True
 
+    async def delete(self, bucket: str, key: str) -> None:
+        try:
+            await asyncio.to_thread(self._client.delete_object, Bucket=bucket, Key=key)
+        except Exception as exc:
+            translated = self._translate(exc, f"delete {bucket}/{key}")
+            if not isinstance(translated, ObjectNotFound):  # gone already: what we wanted
+                raise translated from exc
+
     def close(self) -> None:
         self._client.close()

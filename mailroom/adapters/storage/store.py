@@ -79,6 +79,10 @@ class ObjectStore(Protocol):
 
     async def exists(self, bucket: str, key: str) -> bool: ...
 
+    async def delete(self, bucket: str, key: str) -> None:
+        """Remove the object; an object already gone is no error (deletes may repeat)."""
+        ...
+
 
 class Buckets:
     def __init__(self, settings: StorageSettings) -> None:
