@@ -92,6 +92,7 @@ async def apply_recognition_message(subject: str, data: str, headers: dict[str, 
         headers=message.headers,
         max_bytes=resources.settings.recognition.max_message_bytes,
         max_attempts=resources.settings.recognition.max_processing_attempts,
+        results_bucket=resources.settings.storage.results_bucket,
     )
     await on_mails_final(result.finalized_mail_ids)
     if result.map_job_id is not None:
@@ -124,6 +125,7 @@ async def apply_recognition_messages(messages: list[dict[str, Any]]) -> None:
         decoded,
         max_bytes=resources.settings.recognition.max_message_bytes,
         max_attempts=resources.settings.recognition.max_processing_attempts,
+        results_bucket=resources.settings.storage.results_bucket,
     )
     await on_mails_final(mail_id for o in outcomes for mail_id in o.finalized_mail_ids)
     map_job_ids = [str(o.map_job_id) for o in outcomes if o.map_job_id is not None]

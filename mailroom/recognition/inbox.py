@@ -280,8 +280,12 @@ async def apply_recognition_messages(
     max_bytes: int,
     now: datetime | None = None,
     max_attempts: int = RecognitionSettings().max_processing_attempts,
+    results_bucket: str | None = None,
 ) -> list[InboxOutcome]:
     """Apply a batch of acks and results; their outcomes, in message order.
+
+    A result outside ``results_bucket`` (the configured one) fails its job as a contract
+    violation; ``None`` leaves that check to mapping alone.
 
     One transaction for the whole batch. When it fails, each message is applied
     in its own transaction; one that fails there too gets a ``failed`` outcome
@@ -292,7 +296,7 @@ async def apply_recognition_messages(
     outcomes: list[InboxOutcome | None] = []
     parsed: list[tuple[int, Parsed]] = []
     for index, message in enumerate(messages):
-        checked = parse_message(message, max_bytes=max_bytes)
+        checked = parse_message(message, max_bytes=max_bytes, results_bucket=results_bucket)
         if isinstance(checked, InboxOutcome):
             outcomes.append(checked)
         else:
@@ -408,6 +412,7 @@ async def apply_recognition_message(
     max_bytes: int,
     max_attempts: int = RecognitionSettings().max_processing_attempts,
     now: datetime | None = None,
+    results_bucket: str | None = None,
 ) -> InboxOutcome:
     """Apply one ack or result; database errors propagate (the caller retries)."""
     [outcome] = await apply_recognition_messages(
@@ -416,5 +421,6 @@ async def apply_recognition_message(
         max_bytes=max_bytes,
         max_attempts=max_attempts,
         now=now,
+        results_bucket=results_bucket,
     )
     return outcome

@@ -18,7 +18,12 @@ from pydantic import ValidationError
 from mailroom.errors import InvalidMessage
 from mailroom.recognition.contracts import MSG_ID_HEADER, RecognitionResponse, parse_json_object
 from mailroom.recognition.finality import short_repr
-from mailroom.recognition.violations import UNKNOWN_SERVICE, Violation, service_of
+from mailroom.recognition.violations import (
+    FOREIGN_BUCKET,
+    UNKNOWN_SERVICE,
+    Violation,
+    service_of,
+)
 
 # The inbox's logger: operators filter one name for everything the inbox rejects or applies.
 logger = logging.getLogger("mailroom.recognition.inbox")
@@ -122,8 +127,15 @@ class Parsed:
     msg_id: str | None
 
 
-def parse_message(message: InboxMessage, *, max_bytes: int) -> Parsed | InboxOutcome:
-    """The parsed message, or its ``rejected`` outcome (warned without the body)."""
+def parse_message(
+    message: InboxMessage, *, max_bytes: int, results_bucket: str | None = None
+) -> Parsed | InboxOutcome:
+    """The parsed message, or its ``rejected`` outcome (warned without the body).
+
+    A result whose ``result_s3`` is outside ``results_bucket`` is a contract violation:
+    its object is never registered, so nothing (mapping, retention, erasure) treats a
+    mail or an attachment another service named as a result object.
+    """
     subject, data = message.subject, message.data
     if not check_size(data, max_bytes=max_bytes):
         logger.warning(
@@ -151,4 +163,10 @@ def parse_message(message: InboxMessage, *, max_bytes: int) -> Parsed | InboxOut
             len(msg_id),
         )
         return InboxOutcome("rejected", response.job_id)
+    ref = response.result_s3
+    if results_bucket is not None and ref is not None and ref.bucket != results_bucket:
+        detail = f"result_s3 is in bucket {ref.bucket[:100]!r}, not the results bucket"
+        service = service_of({"service": {"name": response.service.name}})
+        violation = Violation("foreign_bucket", detail, service, code=FOREIGN_BUCKET)
+        return InboxOutcome("rejected", response.job_id, violation=violation)
     return Parsed(subject, response, msg_id)

@@ -59,6 +59,8 @@ class Violation:
     #: What exactly, without the body (field names, sizes).
     detail: str
     service: str = UNKNOWN_SERVICE
+    #: The job's ``error_code`` when this violation fails it.
+    code: str = INVALID_RESULT
 
 
 def service_of(body: Any) -> str:
@@ -117,7 +119,7 @@ def report_violation(violation: Violation, *, job_id: uuid.UUID | str | None, wh
 async def fail_for_violation(
     sessions: async_sessionmaker[AsyncSession], job_id: uuid.UUID, violation: Violation
 ) -> list[int] | None:
-    """End the waiting job ``job_id`` as ``INVALID_RESULT`` and report it; the mails made final.
+    """End the waiting job ``job_id`` as ``violation.code`` and report it; the mails made final.
 
     None when the job is unknown or no longer waiting: then the message changes
     nothing and is only warned about, as any message off the contract.
@@ -126,7 +128,7 @@ async def fail_for_violation(
         finalized = await fail_waiting_job(
             session,
             job_id,
-            code=INVALID_RESULT,
+            code=violation.code,
             message=f"{violation.reason}: {violation.detail}",
             now=await db_now(session),
             service=None if violation.service == UNKNOWN_SERVICE else violation.service,
