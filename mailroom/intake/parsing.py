@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import email
 import re
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from email import policy
 from email.message import Message
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
 from mailroom.adapters.storage import sha256_hex
+from mailroom.intake.big_parts import ElidedMail, elide_big_bodies, read_part
 from mailroom.intake.containers import open_container
 from mailroom.intake.filetypes import (
     IMAGE_TYPES,
@@ -127,10 +129,20 @@ def parse_mail(raw: bytes, limits: Limits) -> ParsedMail:
     if len(raw) > limits.max_mail_bytes:  # fetched whole after all: read its headers only
         return parse_oversize(_header_block(raw), len(raw), limits)
     parsed = ParsedMail(sha256=sha256_hex(raw), size=len(raw))
-    message = email.message_from_bytes(raw, policy=policy.compat32)
+    # Big part bodies are read from ``raw``, not through the parser (see big_parts).
+    elided = elide_big_bodies(raw)
+    message = email.message_from_bytes(elided.text if elided else raw, policy=policy.compat32)
     _read_headers(parsed, message)
-    parsed.attachments = _attachments(message, limits)
+    token = _ELIDED.set(elided)
+    try:
+        parsed.attachments = _attachments(message, limits)
+    finally:
+        _ELIDED.reset(token)
     return parsed
+
+
+#: The big mail being parsed, when its big bodies were cut out of the parser's text.
+_ELIDED: ContextVar[ElidedMail | None] = ContextVar("elided", default=None)
 
 
 def parse_oversize(header: bytes, size: int | None, limits: Limits) -> ParsedMail:
@@ -194,7 +206,10 @@ def _collect(
     """Add the attachments of ``message`` to ``found``, opening containers down to the limit."""
     cids = _referenced_content_ids(message) if limits.skip_inline_images else set()
     for part, content_type, filename in _leaf_parts(message):
-        attachment = _attachment(found, limits, filename, content_type, _payload(part))
+        elided = _ELIDED.get()
+        read = read_part(part, elided, limits.max_attachment_bytes) if elided else None
+        data, size = read if read is not None else (_payload(part), None)
+        attachment = _attachment(found, limits, filename, content_type, data, size=size)
         content_id = _content_id(part)
         if (
             content_id in cids
@@ -216,24 +231,28 @@ def _attachment(
     filename: str | None,
     content_type: str,
     data: bytes,
+    *,
+    size: int | None = None,
 ) -> ParsedAttachment:
+    """One attachment; ``size`` is given when ``data`` is only the start of a part too big to read."""
     index = len(found) + 1
+    size = len(data) if size is None else size
     media_type = clean_text(content_type, limit=255).lower()
     name = safe_name(filename, index=index, media_type=media_type)
     typing = classify(name, media_type, data)
     attachment = ParsedAttachment(
-        name, media_type, data, typing.file_type, typing.pipeline, size=len(data)
+        name, media_type, data, typing.file_type, typing.pipeline, size=size
     )
     attachment.type_rule = typing.rule
     too_many = index > limits.max_attachments
-    too_big = len(data) > limits.max_attachment_bytes
+    too_big = size > limits.max_attachment_bytes
     if too_many:
         attachment.skip_reason = (
             f"attachment {index} is over the limit of {limits.max_attachments} per mail"
         )
     elif too_big:
         attachment.skip_reason = (
-            f"attachment of {len(data)} bytes exceeds the limit of {limits.max_attachment_bytes}"
+            f"attachment of {size} bytes exceeds the limit of {limits.max_attachment_bytes}"
         )
     elif typing.file_type == "executable":
         attachment.skip_reason = "executable content is never a document"
@@ -242,11 +261,10 @@ def _attachment(
     elif (
         limits.skip_inline_images
         and typing.file_type in IMAGE_TYPES
-        and len(data) < limits.min_image_bytes
+        and size < limits.min_image_bytes
     ):
         attachment.skip_reason = (
-            f"image of {len(data)} bytes is under {limits.min_image_bytes}: "
-            "decoration, not a document"
+            f"image of {size} bytes is under {limits.min_image_bytes}: decoration, not a document"
         )
     if too_many or too_big:
         attachment.data = b""  # recorded, never stored
@@ -381,9 +399,13 @@ def _payload(part: Message) -> bytes:
         payload = part.get_payload()
         inner = payload[0] if isinstance(payload, list) and payload else part
         try:
-            return inner.as_bytes() if isinstance(inner, Message) else b""
+            data = inner.as_bytes() if isinstance(inner, Message) else b""
         except Exception:  # a part the generator cannot re-serialize
             return b""
+        elided = _ELIDED.get()
+        return elided.restore_bytes(data) if elided else data
+    if (elided := _ELIDED.get()) is not None:
+        elided.restore_part(part)
     try:
         data = part.get_payload(decode=True)
     except Exception:  # broken transfer encoding: keep what is there
