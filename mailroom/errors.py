@@ -31,6 +31,7 @@ cause (``raise X(...) from exc``); pipelines and actors only ever see these.
     │   ├── CursorNotFound
     │   ├── CursorBusy
     │   ├── ReplayRefused                        (recognition job)
+    │   ├── ReviewRefused, ReviewConflict        (mailroom review)
     │   ├── NotReplayable                        (channel message)
     │   ├── MailNotFound, MailOnLegalHold        (intake erase, hold, release)
     │   ├── InvalidMessage                       (recognition answer off the contract)
@@ -196,6 +197,14 @@ class CursorBusy(PermanentError):
 
 class ReplayRefused(PermanentError):
     """This recognition job cannot be replayed."""
+
+
+class ReviewRefused(PermanentError):
+    """This file cannot be reviewed (not NEEDS_CHECK or ERROR, or nothing to accept)."""
+
+
+class ReviewConflict(PermanentError):
+    """Another operator (or the pipeline) is changing this file right now; look again."""
 
 
 class NotReplayable(PermanentError):

@@ -11,7 +11,16 @@ import sys
 
 import typer
 
-from mailroom.cli import dead_letters, delivery, dev, errors, intake, recognition, recognizer
+from mailroom.cli import (
+    dead_letters,
+    delivery,
+    dev,
+    errors,
+    intake,
+    recognition,
+    recognizer,
+    review,
+)
 from mailroom.settings import Settings
 
 # NOTE: tracebacks with locals would print URLs with their passwords.
@@ -23,6 +32,7 @@ app.add_typer(bridge_app, name="bridge")
 app.add_typer(intake.app, name="intake")
 app.add_typer(recognition.app, name="recognition")
 app.add_typer(recognizer.app, name="recognizer")
+app.add_typer(review.app, name="review")
 app.add_typer(delivery.app, name="delivery")
 app.add_typer(dead_letters.app, name="dead-letters")
 app.command("notify")(delivery.notify)
