@@ -1,7 +1,10 @@
 """Mail over ``max_mail_bytes`` on pymap and Dovecot: the server names it and tells its size,
-its headers alone are read, and it is recorded as oversize without its body ever being fetched."""
+its headers alone are read, and it is recorded as oversize without its body ever being fetched.
+A big attachment over ``max_attachment_bytes`` is recorded with its size, its mail stored."""
 
 from __future__ import annotations
+
+import random
 
 import pytest
 
@@ -99,3 +102,25 @@ async def test_an_oversize_mail_is_final_at_once_and_its_notice_says_why(intake_
         (summary,) = await _summaries(session, [mail])
     text = summary.render()
     assert "big report 1" in text and "It was not read: mail of" in text and "oversize" in text
+
+
+async def test_a_big_attachment_over_its_limit_is_recorded_with_its_size_and_its_mail_stored(
+    intake_env,
+):
+    intake_env.settings.intake.max_attachment_bytes = 1_000_000
+    scan = b"%PDF-1.7\n" + random.Random(1).randbytes(1_500_000)
+    attachments = [("scan.pdf", "application/pdf", scan), ("rates.csv", "text/csv", b"a,b\n1,2\n")]
+    intake_env.append(make_mail(1, attachments=attachments))
+    assert (await intake_env.poll()).status == "done"
+    (mail,) = await intake_env.mails()
+    big, rates = await intake_env.files()
+    assert (big.status, big.object_id, big.size, big.file_type) == (
+        "SKIPPED",
+        None,
+        len(scan),
+        "pdf",
+    )
+    assert "exceeds the limit of 1000000" in big.status_reason
+    assert (rates.status, [j.file_id for j in await intake_env.jobs()]) == ("UPLOADED", [rates.id])
+    assert mail.raw_object_id is not None and mail.last_error is None
+    assert _eml_objects(intake_env) == 1
