@@ -13,6 +13,7 @@ or account says ``security: plain`` (``mailroom dev`` and the tests do).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 from collections.abc import Sequence
@@ -257,7 +258,14 @@ class NatsSettings(StrictModel):
             path = getattr(self, name)
             if path is not None and not path.is_file():
                 raise ValueError(f"{name} {str(path)!r} is not a file")
+            if path is not None and not nkeys_installed():
+                raise ValueError(f"{name} needs the nkeys package: pip install 'nats-py[nkeys]'")
         return self
+
+
+def nkeys_installed() -> bool:
+    """Whether nats-py can sign with an NKey (its optional ``nkeys`` package)."""
+    return importlib.util.find_spec("nkeys") is not None
 
 
 class StorageSettings(StrictModel):

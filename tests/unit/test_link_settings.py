@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from mailroom import settings as settings_module
 from mailroom.adapters.nats.login import connect_error, connect_options
 from mailroom.adapters.redis_client import async_client, link_options, sync_client
 from mailroom.cli.errors import describe
@@ -94,7 +95,15 @@ def test_every_link_secret_is_a_secret_str_and_is_scrubbed():
     assert "nats-token" in secret_values(settings) and "nats-token" not in repr(settings)
 
 
-def test_nats_options_carry_the_login_and_a_verifying_tls_context(pem, tmp_path):
+def test_an_nkey_login_without_the_nkeys_package_fails_at_load(pem, monkeypatch):
+    monkeypatch.setattr(settings_module, "nkeys_installed", lambda: False)
+    with pytest.raises(ValidationError) as caught:
+        Settings(nats={"creds_file": str(pem)})
+    assert "nats: creds_file needs the nkeys package" in _one_line(caught.value)
+
+
+def test_nats_options_carry_the_login_and_a_verifying_tls_context(pem, tmp_path, monkeypatch):
+    monkeypatch.setattr(settings_module, "nkeys_installed", lambda: True)
     creds = tmp_path / "user.creds"
     creds.write_text("")
     assert connect_options(NatsSettings(user="u", password="p")) == {"user": "u", "password": "p"}
