@@ -8,6 +8,7 @@ act on it (``mailroom/recognition/review.py``), audit-logged with the operator.
 from __future__ import annotations
 
 import asyncio
+import textwrap
 from enum import StrEnum
 from typing import Any
 
@@ -26,6 +27,9 @@ app = typer.Typer(no_args_is_help=True, help="Review documents recognition could
 
 #: Exit code of a refused action or a conflict with another operator.
 EXIT_REFUSED = 1
+
+#: Columns ``review list`` fills (a terminal's default width).
+LIST_WIDTH = 80
 
 OPERATOR_OPTION = typer.Option(
     None, "--operator", help="Who is acting (recorded); default: the OS user."
@@ -55,17 +59,7 @@ def list_files(
     if not items:
         typer.echo("nothing to review")
         return
-    table = Table(title="Files to review (oldest first)")
-    table.add_column("file", justify="right", no_wrap=True)
-    table.add_column("status", no_wrap=True)
-    table.add_column("mailbox", max_width=12, overflow="fold")
-    table.add_column("name", max_width=20, overflow="fold")
-    table.add_column("why", ratio=1, overflow="fold")
-    for item in items[:limit]:
-        table.add_row(
-            str(item.file_id), item.status, item.mailbox or "-", item.name, "; ".join(_why(item))
-        )
-    _console().print(table)
+    typer.echo("\n".join(render_list(items[:limit])))
     if len(items) > limit:
         typer.echo(f"more files wait; raise --limit (now {limit})")
 
@@ -176,6 +170,29 @@ def _report(outcome: review.ReviewOutcome, who: str) -> None:
     )
     if outcome.finalized_mail_ids:
         _nudge_notifications(outcome.finalized_mail_ids)
+
+
+def render_list(items: list[ReviewItem], width: int = LIST_WIDTH) -> list[str]:
+    """One line per file, its reasons wrapped below it: readable at 80 columns."""
+    name_width = width - 37
+    lines = [f"{'file':>8}  {'status':<11}  {'mailbox':<12}  name"]
+    for item in items:
+        name = item.name if len(item.name) <= name_width else item.name[: name_width - 1] + "…"
+        lines.append(
+            f"{item.file_id:>8}  {item.status:<11}  {_cut(item.mailbox or '-', 12):<12}  {name}"
+        )
+        lines += textwrap.wrap(
+            "; ".join(_why(item)) or "no reason recorded",
+            width=width,
+            initial_indent=" " * 10,
+            subsequent_indent=" " * 12,
+            break_on_hyphens=False,
+        )
+    return lines
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _why(item: ReviewItem) -> list[str]:
