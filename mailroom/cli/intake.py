@@ -13,6 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from mailroom.cli import lifecycle
 from mailroom.errors import PermanentError
 from mailroom.settings import Settings
 
@@ -127,3 +128,9 @@ def reset(
         _fail(exc)
         return
     typer.echo(f"reset {view.mailbox}/{view.folder}: next poll reads above UID {view.last_uid}")
+
+
+# Erasure and legal hold of one mail.
+app.command()(lifecycle.erase)
+app.command()(lifecycle.hold)
+app.command()(lifecycle.release)

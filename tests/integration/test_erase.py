@@ -1,0 +1,136 @@
+"""Erasure of one mail and its legal hold, on Postgres and S3 (moto), through the core and CLI."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from sqlalchemy import func, select
+from typer.testing import CliRunner
+
+from mailroom.cli import app
+from mailroom.errors import MailOnLegalHold
+from mailroom.lifecycle.erase import ERASE_ACTION, erase_mail, set_legal_hold
+from mailroom.models import (
+    AuditEvent,
+    ChannelMessage,
+    Document,
+    InboundMail,
+    ObjectDeletion,
+    RecognitionJob,
+    StoredFile,
+    StoredObject,
+)
+
+pytestmark = pytest.mark.integration
+
+
+async def _count(world, model, *where):
+    async with world.sessions() as session:
+        return await session.scalar(select(func.count()).select_from(model).where(*where))
+
+
+async def _events(world, action):
+    async with world.sessions() as session:
+        return list(await session.scalars(select(AuditEvent).where(AuditEvent.action == action)))
+
+
+async def test_erase_removes_the_mail_and_everything_from_it_keeps_shared_objects_and_audits(
+    lifecycle_world,
+):
+    world = lifecycle_world
+    shared = b"invoice_number,total\nSHARED-9,90\n"
+    erased = await world.mail(age_days=1, attachment=shared)
+    other = await world.mail(age_days=1, attachment=shared)
+
+    report = await erase_mail(world.sessions, world.store, erased.mail_id, operator="auditor")
+
+    assert report.erased and (report.files, report.jobs, report.documents) == (1, 1, 1)
+    assert report.channel_messages == 1 and report.deletion.deleted == 2
+    assert await world.stored(erased) == [False, True, False], "the shared attachment stays"
+    assert await world.stored(other) == [True, True, True]
+    for model, where in (
+        (InboundMail, InboundMail.id == erased.mail_id),
+        (StoredFile, StoredFile.id == erased.file_id),
+        (RecognitionJob, RecognitionJob.id == erased.job_id),
+        (Document, Document.id == erased.document_id),
+        (ChannelMessage, ChannelMessage.id == erased.message_id),
+    ):
+        assert await _count(world, model, where) == 0, model.__name__
+    assert await _count(world, StoredObject) == 3, "the other mail's three, one shared"
+    assert await _count(world, ObjectDeletion) == 0
+    (event,) = await _events(world, ERASE_ACTION)
+    assert (event.actor_type, event.actor_id) == ("operator", "auditor")
+    assert event.target == f"mail:{erased.mail_id}" and event.created_at is not None
+    assert event.detail["file_ids"] == [erased.file_id]
+    assert event.detail["document_ids"] == [erased.document_id]
+    assert event.detail["channel_message_ids"] == [erased.message_id]
+    assert event.detail["mailbox"] == "billing"
+    assert "mail 1" not in str(event.detail), "no mail content in the audit row"
+
+    again = await erase_mail(world.sessions, world.store, erased.mail_id, operator="auditor")
+    assert not again.erased
+    assert len(await _events(world, ERASE_ACTION)) == 1
+
+
+async def test_a_mail_on_legal_hold_is_refused_until_released(lifecycle_world):
+    world = lifecycle_world
+    rows = await world.mail(age_days=1)
+    assert await set_legal_hold(world.sessions, rows.mail_id, held=True, operator="legal")
+    assert not await set_legal_hold(world.sessions, rows.mail_id, held=True, operator="legal")
+
+    with pytest.raises(MailOnLegalHold, match="legal hold"):
+        await erase_mail(world.sessions, world.store, rows.mail_id, operator="ops")
+    assert await world.stored(rows) == [True, True, True]
+    assert await _count(world, InboundMail) == 1
+
+    assert await set_legal_hold(world.sessions, rows.mail_id, held=False, operator="legal")
+    assert (await erase_mail(world.sessions, world.store, rows.mail_id, operator="ops")).erased
+    actions = [e.action for e in await _events(world, "intake.hold")]
+    actions += [e.action for e in await _events(world, "intake.release")]
+    assert actions == ["intake.hold", "intake.release"]
+
+
+@pytest.fixture
+def cli_env(lifecycle_world, monkeypatch):
+    storage = lifecycle_world.settings.storage
+    for name, value in {
+        "DATABASE__URL": lifecycle_world.settings.database.url,
+        "STORAGE__KIND": "s3",
+        "STORAGE__S3_ENDPOINT_URL": storage.s3_endpoint_url,
+        "STORAGE__S3_ACCESS_KEY": "test",
+        "STORAGE__S3_SECRET_KEY": "test",
+        "STORAGE__MAIL_BUCKET": storage.mail_bucket,
+        "STORAGE__INCOMING_BUCKET": storage.incoming_bucket,
+        "STORAGE__RESULTS_BUCKET": storage.results_bucket,
+    }.items():
+        monkeypatch.setenv(f"MAILROOM_{name}", value)
+    return lifecycle_world
+
+
+async def test_the_cli_holds_refuses_releases_erases_and_says_nothing_is_left(cli_env):
+    world = cli_env
+    rows = await world.mail(age_days=1)
+    mail = str(rows.mail_id)
+
+    async def run(*args):
+        # In a thread: the command runs its own event loop, as from a shell.
+        argv = ["intake", *args, "--mail", mail, "--operator", "dpo"]
+        return await asyncio.to_thread(CliRunner().invoke, app, argv)
+
+    held = await run("hold")
+    assert held.exit_code == 0 and f"mail {mail} on legal hold" in held.output
+    refused = await run("erase")
+    assert refused.exit_code == 1 and "is on legal hold" in refused.output
+    assert await world.stored(rows) == [True, True, True]
+    assert (await run("release")).exit_code == 0
+    erased = await run("erase")
+    assert erased.exit_code == 0, erased.output
+    assert (
+        f"erased mail {mail}: 1 file(s)" in erased.output and "3 object(s) deleted" in erased.output
+    )
+    assert await world.stored(rows) == [False, False, False]
+    again = await run("erase")
+    assert again.exit_code == 0 and "nothing to erase" in again.output
+    unknown = await run("hold")
+    assert unknown.exit_code == 1 and f"no mail {mail}" in unknown.output
