@@ -29,7 +29,15 @@ from pydantic import ValidationError
 
 from mailroom.adapters.nats.login import connect_options
 from mailroom.adapters.storage import ObjectStore, build_store
-from mailroom.errors import AppError, ExtractionError, InvalidKey, ObjectNotFound, RetryableError
+from mailroom.errors import (
+    AppError,
+    ExtractionError,
+    InvalidKey,
+    NatsUnavailable,
+    ObjectNotFound,
+    RetryableError,
+)
+from mailroom.observability import scrub_text
 from mailroom.recognition.contracts import (
     MSG_ID_HEADER,
     RESULT_SCHEMA_VERSION,
@@ -129,16 +137,27 @@ class ReferenceRecognizer:
                 logger.error("recognizer: NATS connection closed")
                 self.connection_lost.set()
 
-        self._nc = await nats.connect(
-            self.settings.nats.url,
-            name=self.service.name,
-            connect_timeout=self.settings.nats.connect_timeout_s,
-            reconnect_time_wait=RECONNECT_WAIT_S,
-            **connect_options(self.settings.nats),
-            max_reconnect_attempts=MAX_RECONNECT_ATTEMPTS,
-            error_cb=on_error,
-            closed_cb=on_closed,
-        )
+        nats_settings = self.settings.nats
+        # NOTE: bounded as a whole: after a failed TLS handshake nats-py never returns.
+        budget_s = MAX_RECONNECT_ATTEMPTS * (RECONNECT_WAIT_S + nats_settings.connect_timeout_s)
+        try:
+            self._nc = await asyncio.wait_for(
+                nats.connect(
+                    nats_settings.url,
+                    name=self.service.name,
+                    connect_timeout=nats_settings.connect_timeout_s,
+                    reconnect_time_wait=RECONNECT_WAIT_S,
+                    max_reconnect_attempts=MAX_RECONNECT_ATTEMPTS,
+                    error_cb=on_error,
+                    closed_cb=on_closed,
+                    **connect_options(nats_settings),
+                ),
+                budget_s,
+            )
+        except TimeoutError as exc:
+            raise NatsUnavailable(
+                f"connect {scrub_text(nats_settings.url, ())}: no connection in {budget_s:g} s"
+            ) from exc
         queue = self.settings.nats.recognizer_queue_group
         for subject in self.request_subjects:
             self._subs.append(await self._nc.subscribe(subject, queue=queue, cb=self._on_request))

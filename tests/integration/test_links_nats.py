@@ -100,7 +100,7 @@ async def test_a_server_certificate_from_another_ca_fails_as_tls(tls_nats, test_
     tls = TlsFiles(
         ca_file=test_ca.other_ca_file, cert_file=test_ca.client_cert, key_file=test_ca.client_key
     )
-    message = await _connect_error(_settings(tls_nats, test_ca, tls=tls))
+    message = await _connect_error(_settings(tls_nats, test_ca, tls=tls, connect_timeout_s=0.5))
     assert "TLS failed" in message and "CERTIFICATE_VERIFY_FAILED" in message
     assert "\n" not in message
 
@@ -111,3 +111,18 @@ async def test_without_a_client_certificate_the_server_refuses_the_link(tls_nats
     )
     assert message.startswith(f"connect {tls_nats.url_for('tls')}:")
     assert "\n" not in message
+
+
+async def test_the_reference_recognizer_takes_the_same_login_and_tls(tls_nats, test_ca, tmp_path):
+    from mailroom.recognition.reference import ReferenceRecognizer
+    from mailroom.settings import Settings
+
+    nats_settings = _settings(tls_nats, test_ca, subject_prefix="recognizer-tls.")
+    settings = Settings(state_dir=tmp_path, nats=nats_settings.model_dump())
+    recognizer = ReferenceRecognizer(settings)
+    await recognizer.start()
+    try:
+        assert recognizer._nc is not None and recognizer._nc.is_connected
+        assert recognizer._nc.connected_url.scheme == "tls"
+    finally:
+        await recognizer.stop()
