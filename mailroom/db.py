@@ -65,10 +65,11 @@ def server_keepalive_options(settings: DatabaseSettings) -> str:
 
 
 def database_url(settings: DatabaseSettings) -> str:
-    """``settings.url`` with the TLS settings (``sslmode``, certificates) as libpq parameters.
+    """``settings.url`` with the password and the TLS settings (``sslmode``, certificates).
 
     In the URL rather than in connect arguments, so every connection takes them: the
-    engines, alembic, and the direct psycopg connections of ``libpq_dsn``.
+    engines, alembic, and the direct psycopg connections of ``libpq_dsn``. The result
+    carries the password: never log it (``mailroom.observability.scrub_text`` masks it).
     """
     from sqlalchemy.engine import make_url
 
@@ -80,10 +81,13 @@ def database_url(settings: DatabaseSettings) -> str:
         "sslkey": tls.key_file,
     }
     given = {name: str(value) for name, value in params.items() if value}
-    if not given:
+    password = settings.password.get_secret_value()
+    if not given and not password:
         return settings.url
-    url = make_url(settings.url)
-    return url.update_query_dict(given).render_as_string(hide_password=False)
+    url = make_url(settings.url).update_query_dict(given)
+    if password:
+        url = url.set(password=password)
+    return url.render_as_string(hide_password=False)
 
 
 def create_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:

@@ -118,6 +118,8 @@ class DatabaseSettings(StrictModel):
     keepalive_count: int = 3
     #: Unacknowledged data older than this ends the connection, in milliseconds (0: the OS's).
     tcp_user_timeout_ms: int = 25_000
+    #: Password of the URL's user, kept out of the URL (a secret, never printed).
+    password: SecretStr = SecretStr("")
     #: libpq ``sslmode``; empty: the URL's, else libpq's default (``prefer``). Use
     #: ``verify-full`` with tls.ca_file to refuse a server whose certificate does not match.
     sslmode: Literal["", "disable", "allow", "prefer", "require", "verify-ca", "verify-full"] = ""
@@ -127,7 +129,10 @@ class DatabaseSettings(StrictModel):
     @model_validator(mode="after")
     def _check_tls(self) -> DatabaseSettings:
         """libpq ignores a root certificate unless sslmode verifies; say so at load."""
-        query = urlsplit(self.url).query
+        parts = urlsplit(self.url)
+        query = parts.query
+        if parts.password and self.password.get_secret_value():
+            raise ValueError("url carries a password and password is set too: give one")
         if self.sslmode and "sslmode=" in query:
             raise ValueError("sslmode is both in url and in sslmode: give it once")
         if self.tls.given and re.search(r"\bssl(rootcert|cert|key)=", query):

@@ -191,3 +191,13 @@ def test_s3_verification_reaches_boto3(pem):
         store = S3Store(settings)
         assert store._client._endpoint.http_session._verify == expected
         store.close()
+
+
+def test_a_postgres_password_setting_reaches_the_url_and_is_a_secret():
+    settings = DatabaseSettings(
+        url="postgresql+psycopg://mailroom@db.example/mailroom", password="p@ss"
+    )
+    assert database_url(settings) == "postgresql+psycopg://mailroom:p%40ss@db.example/mailroom"
+    assert "p@ss" not in repr(settings) and "p@ss" in secret_values(Settings(database=settings))
+    with pytest.raises(ValidationError, match="url carries a password and password is set too"):
+        DatabaseSettings(url="postgresql+psycopg://u:pw@db.example/mailroom", password="other")
