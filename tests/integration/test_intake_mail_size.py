@@ -7,13 +7,14 @@ from __future__ import annotations
 import random
 
 import pytest
+from sqlalchemy import text
 
-from mailroom.adapters.imap import FetchedMail, ImapMailbox
+from mailroom.adapters.imap import FetchedMail, ImapMailbox, MemoryServer
 from mailroom.clock import db_now
 from mailroom.notifications import _summaries
 from mailroom.recognition.finality import finalize_settled_mails
 from mailroom.settings import MailboxSettings
-from tests.fixtures.imap import make_mail, on_every_server
+from tests.fixtures.imap import SERVERS, make_mail, new_folder, on_every_server, server_named
 
 pytestmark = pytest.mark.integration
 
@@ -124,3 +125,53 @@ async def test_a_big_attachment_over_its_limit_is_recorded_with_its_size_and_its
     assert (rates.status, [j.file_id for j in await intake_env.jobs()]) == ("UPLOADED", [rates.id])
     assert mail.raw_object_id is not None and mail.last_error is None
     assert _eml_objects(intake_env) == 1
+
+
+async def test_mail_by_mail_after_a_death_an_oversize_mail_is_not_fetched_either(
+    intake_env, caplog
+):
+    intake_env.settings.intake.max_mail_bytes = LIMIT
+    (first,) = intake_env.append(make_mail(1))
+    assert (await intake_env.poll()).status == "done"
+    oversize, last = intake_env.append(_big_mail(2), make_mail(3))
+    async with intake_env.sessions() as session, session.begin():
+        # What a worker that died in the last poll leaves: an attempt without an outcome.
+        await session.execute(
+            text("UPDATE mailbox_cursor SET attempt_uid = :uid, attempt_count = 1"),
+            {"uid": first},
+        )
+    connect = _Recorder()
+    assert (await intake_env.poll(connect=connect)).status == "done"
+    assert "reading mail by mail" in caplog.text
+    assert (connect.bodies, connect.headers) == ([last], [oversize])
+    mails = {mail.uid: mail for mail in await intake_env.mails()}
+    assert mails[oversize].raw_object_id is None and "oversize" in mails[oversize].last_error
+    assert (await intake_env.cursor()).last_uid == last
+
+
+@pytest.mark.parametrize("kind", ["fake", *SERVERS])
+async def test_fetch_headers_gives_the_header_block_and_size_without_the_body(request, kind):
+    raw = _big_mail(1).replace(b"\n", b"\r\n")
+    if kind == "fake":
+        server = MemoryServer()
+        server.create_folder("box")
+        server.append("box", raw)
+        box = server.factory()(request.getfixturevalue("imap_server").mailbox_settings("m", "box"))
+    else:
+        mail_server = server_named(request, kind)
+        folder = new_folder(mail_server)
+        mail_server.append(folder, raw)
+        box = ImapMailbox(mail_server.mailbox_settings("m", folder))
+    await box.connect()
+    try:
+        await box.select(box.settings.folder)
+        uids = await box.uids_above(0)
+        assert await box.larger_than(uids, LIMIT) == set(uids)
+        (mail,) = await box.fetch_headers(uids)
+    finally:
+        await box.close()
+    header = raw[: raw.index(b"\r\n\r\n") + 4]
+    assert (mail.uid, mail.raw, mail.size, mail.headers_only) == (uids[0], header, len(raw), True)
+    assert mail.internal_date is not None
+    if kind == "fake":
+        assert server.body_fetches == []
