@@ -19,7 +19,8 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
@@ -39,8 +40,9 @@ from mailroom.settings import RecognitionSettings
 
 logger = logging.getLogger(__name__)
 
-#: Postgres' SQLSTATE for a NOWAIT lock that is held (lock_not_available).
-LOCK_NOT_AVAILABLE = "55P03"
+#: Postgres' SQLSTATEs of a held NOWAIT lock and of a deadlock with the pipeline (whose
+#: transaction wins): both mean someone else is changing the file right now.
+CONFLICT_SQLSTATES = ("55P03", "40P01")
 #: Longest value kept per field in the audit event, in characters.
 MAX_AUDIT_VALUE_CHARS = 200
 #: Confidence of a value an operator typed.
@@ -208,27 +210,21 @@ async def rerun_file(
     row = await _lock_reviewable(session, file_id)
     if row.job_id is None:
         raise ReviewRefused(f"file {file_id} was never sent to recognition; nothing to re-run")
-    return await replay_job(
-        session,
-        row.job_id,
-        actor_type=OPERATOR,
-        actor_id=operator,
-        reason=f"review rerun: {reason}".strip(": "),
-        statuses=FINAL_JOB_STATUSES,
-    )
+    with _conflicts(file_id):  # the replay locks the job too, as the inbox and mapping do
+        return await replay_job(
+            session,
+            row.job_id,
+            actor_type=OPERATOR,
+            actor_id=operator,
+            reason=f"review rerun: {reason}".strip(": "),
+            statuses=FINAL_JOB_STATUSES,
+        )
 
 
 async def _lock_reviewable(session: AsyncSession, file_id: int) -> Any:
     """Lock the file row without waiting; refuse a file that is not (or no longer) reviewable."""
-    try:
+    with _conflicts(file_id):
         row = (await session.execute(_LOCK_FILE, {"id": file_id})).one_or_none()
-    except OperationalError as exc:
-        if getattr(exc.orig, "sqlstate", None) == LOCK_NOT_AVAILABLE:
-            raise ReviewConflict(
-                f"file {file_id} is being changed right now (another operator or the pipeline); "
-                f"look at it again with 'mailroom review show {file_id}'"
-            ) from exc
-        raise
     if row is None:
         raise ReviewRefused(f"file {file_id} does not exist")
     if row.status in REVIEWABLE:
@@ -241,6 +237,20 @@ async def _lock_reviewable(session: AsyncSession, file_id: int) -> Any:
     raise ReviewRefused(
         f"file {file_id} is {row.status}; only {' and '.join(REVIEWABLE)} files are reviewed"
     )
+
+
+@contextmanager
+def _conflicts(file_id: int) -> Iterator[None]:
+    """A held lock or a deadlock on the file is ``ReviewConflict``, said for people."""
+    try:
+        yield
+    except OperationalError as exc:
+        if getattr(exc.orig, "sqlstate", None) in CONFLICT_SQLSTATES:
+            raise ReviewConflict(
+                f"file {file_id} is being changed right now (another operator or the pipeline); "
+                f"look at it again with 'mailroom review show {file_id}'"
+            ) from exc
+        raise
 
 
 async def _settle_manually(
