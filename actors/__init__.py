@@ -22,7 +22,7 @@ if dramatiq.broker.global_broker is None:
     dramatiq.set_broker(build_broker(_settings))
 
 # Actor modules register on the broker set above.
-from actors import delivery, intake, recognition, system  # noqa: F401
+from actors import delivery, intake, recognition, retention, system  # noqa: F401
 
 # Log lines written while a message runs name its actor and id (the JSON format shows them).
 install_message_context()

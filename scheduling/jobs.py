@@ -18,7 +18,7 @@ class PeriodicJob:
 
 def job_table(settings: Settings) -> list[PeriodicJob]:
     """Every periodic job (ARCHITECTURE.md, Processes), with intervals from settings."""
-    from actors import delivery, intake, notifications, recognition, system
+    from actors import delivery, intake, notifications, recognition, retention, system
 
     every = settings.scheduler
     jobs = [
@@ -64,5 +64,6 @@ def job_table(settings: Settings) -> list[PeriodicJob]:
         PeriodicJob(
             "broker_maintenance", every.broker_maintenance_interval_s, system.maintain_broker.send
         ),
+        PeriodicJob("retention", every.retention_interval_s, retention.apply_retention.send),
     ]
     return jobs

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from sqlalchemy import select
 
+import actors.resources
+from actors import queues
+from actors.retention import apply_retention
 from mailroom.db import transaction
 from mailroom.lifecycle.retention import PURGE_ACTION, purge_batch, run_retention_pass
 from mailroom.models import AuditEvent, Document, InboundMail, ObjectDeletion, StoredFile
+from mailroom.settings import Settings
 
 pytestmark = pytest.mark.integration
 
@@ -110,3 +116,23 @@ async def test_an_object_stored_again_after_it_was_queued_is_kept(lifecycle_worl
     assert report.deletion.kept == 1 and report.deletion.deleted == 2
     assert (await world.stored(again))[0] is True
     assert (await world.stored(rows))[1:] == [False, False]
+
+
+async def test_the_scheduler_s_actor_runs_the_pass_on_a_worker(
+    lifecycle_world, stub_broker, stub_worker
+):
+    world = lifecycle_world
+    rows = await world.mail(age_days=40)
+    actors.resources.configure(world.with_retention(30, deletion_grace_s=0))
+    try:
+        apply_retention.send()
+
+        def drain() -> None:
+            stub_broker.join(queues.MAINTENANCE, fail_fast=True)
+            stub_worker.join()
+
+        await asyncio.to_thread(drain)
+    finally:
+        actors.resources.configure(Settings())
+    assert await world.stored(rows) == [False, False, False]
+    assert (await _mail(world, rows.mail_id)).purged_at is not None

@@ -33,6 +33,7 @@ def test_every_job_of_the_design_is_in_the_table_and_only_sends(stub_broker):
         "stale_delivery_recovery",
         "pending_delivery_readd",
         "broker_maintenance",
+        "retention",
     }
     assert jobs["deadline_watchdog"].interval_s == 30
 
@@ -55,4 +56,5 @@ def test_every_job_of_the_design_is_in_the_table_and_only_sends(stub_broker):
         "recover_stale_deliveries",
         "readd_pending_deliveries",
         "maintain_broker",
+        "apply_retention",
     }

@@ -1,0 +1,20 @@
+"""The retention actor: the scheduler's periodic pass (``mailroom.lifecycle.retention``)."""
+
+from __future__ import annotations
+
+import dramatiq
+
+from actors import queues
+from actors.resources import current
+from actors.retry_policy import RetryPolicy
+from mailroom.lifecycle.retention import run_retention_pass
+
+
+# One attempt: the next pass (scheduler.retention_interval_s) picks up where this one stopped.
+@dramatiq.actor(queue_name=queues.MAINTENANCE, retry_policy=RetryPolicy(max_attempts=1))
+async def apply_retention() -> None:
+    """Purge mails past their mailbox's retention_days; delete the objects queued for it."""
+    resources = current()
+    await run_retention_pass(
+        await resources.sessions(), await resources.store(), resources.settings
+    )
