@@ -31,7 +31,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from mailroom.audit import OPERATOR, add_audit_event
 from mailroom.clock import db_now
-from mailroom.errors import ReviewConflict, ReviewRefused
+from mailroom.errors import ReplayRefused, ReviewConflict, ReviewRefused
 from mailroom.models import FINAL_JOB_STATUSES
 from mailroom.recognition.finality import MAX_REASON_CHARS, finalize_mails
 from mailroom.recognition.replay import ReplayedJob, replay_job
@@ -211,14 +211,17 @@ async def rerun_file(
     if row.job_id is None:
         raise ReviewRefused(f"file {file_id} was never sent to recognition; nothing to re-run")
     with _conflicts(file_id):  # the replay locks the job too, as the inbox and mapping do
-        return await replay_job(
-            session,
-            row.job_id,
-            actor_type=OPERATOR,
-            actor_id=operator,
-            reason=f"review rerun: {reason}".strip(": "),
-            statuses=FINAL_JOB_STATUSES,
-        )
+        try:
+            return await replay_job(
+                session,
+                row.job_id,
+                actor_type=OPERATOR,
+                actor_id=operator,
+                reason=f"review rerun: {reason}".strip(": "),
+                statuses=FINAL_JOB_STATUSES,
+            )
+        except ReplayRefused as exc:  # e.g. a job still waiting for its answer
+            raise ReviewRefused(f"file {file_id}: {exc}") from exc
 
 
 async def _lock_reviewable(session: AsyncSession, file_id: int) -> Any:

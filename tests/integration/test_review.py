@@ -219,7 +219,7 @@ async def test_rerun_queues_a_new_automatic_attempt_and_reopens_the_mail(
     assert event["detail"]["reason"] == "review rerun: new parser"
 
 
-async def test_accept_without_a_document_and_review_of_a_recognized_file_are_refused(
+async def test_accept_without_a_document_a_recognized_file_and_a_waiting_job_are_refused(
     db_sessions, recognition_factory, settings
 ):
     failed = await recognition_factory.create_job(status="error", file_status="ERROR")
@@ -228,6 +228,10 @@ async def test_accept_without_a_document_and_review_of_a_recognized_file_are_ref
         with pytest.raises(ReviewRefused, match=match):
             async with transaction(db_sessions) as session:
                 await accept_file(session, file_id, operator="x", settings=settings.recognition)
+    waiting = await recognition_factory.create_job(status="published", file_status="ERROR")
+    with pytest.raises(ReviewRefused, match="is published; only"):
+        async with transaction(db_sessions) as session:
+            await rerun_file(session, waiting.file_id, operator="x")
     with pytest.raises(ReviewRefused, match="give its type with --type"):
         async with transaction(db_sessions) as session:
             await correct_file(
