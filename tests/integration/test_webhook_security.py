@@ -6,18 +6,27 @@ answers 401 with the reason to a missing, stale or forged signature.
 
 from __future__ import annotations
 
+import ssl
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
+import httpx
 import pytest
 
 from mailroom.adapters.channels import ChannelOutbound
+from mailroom.adapters.channels.webhook import WebhookChannel
 from mailroom.adapters.redis import DeliveryRedis
 from mailroom.delivery.deliver import Deliverer, Outcome
 from mailroom.delivery.locks import LockOwner
+from mailroom.delivery.ports import Envelope
 from mailroom.devtools.sinks import WebhookSink, new_secret
-from mailroom.settings import WebhookAccount
+from mailroom.errors import ChannelUnavailable
+from mailroom.settings import DeliverySettings, WebhookAccount
 from tests.fixtures.delivery import load_message, make_message
 
 pytestmark = pytest.mark.integration
@@ -197,3 +206,104 @@ async def test_an_unlisted_or_plain_http_url_is_refused_at_send(
     assert (row.status, row.attempts) == ("failed", 1)
     assert reason in row.last_error
     assert http_receiver.requests == []
+
+
+# --- https to a checked address: the certificate is still checked against the name ----------
+
+
+def _certificate_for(name: str, folder: Path) -> tuple[Path, Path]:
+    """A self-signed certificate for the DNS name ``name`` (certificate file, key file)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = datetime.now(UTC)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - timedelta(days=1))
+        .not_valid_after(now + timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    cert_file, key_file = folder / f"{name}.pem", folder / f"{name}-key.pem"
+    cert_file.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_file, key_file
+
+
+@pytest.fixture
+def https_receiver(request, tmp_path) -> Iterator[tuple[int, Path, list[str]]]:
+    """An https server on 127.0.0.1 whose certificate names ``request.param``: (port, CA, Hosts)."""
+    cert_file, key_file = _certificate_for(request.param, tmp_path)
+    hosts: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            hosts.append(self.headers.get("Host") or "")
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, format: str, *args: object) -> None:
+            return None
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert_file, key_file)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server.server_address[1], cert_file, hosts
+    server.shutdown()
+    server.server_close()
+    thread.join(5)
+
+
+async def send_over_https(port: int, ca_file: Path) -> None:
+    settings = DeliverySettings(
+        webhook_accounts={"default": WebhookAccount(url=f"https://localhost:{port}/hook")},
+        webhook_allowed_hosts=["localhost", "127.0.0.1"],
+    )
+    channel = WebhookChannel("default", settings)
+    # NOTE: the only change to the channel: its client trusts the test's certificate.
+    await channel._client.aclose()
+    channel._client = httpx.AsyncClient(
+        verify=ssl.create_default_context(cafile=ca_file), trust_env=False
+    )
+    envelope = Envelope(7, "webhook", "default", "ops", "Invoice", "total 10", 1, 1)
+    try:
+        await channel.send(envelope)
+    finally:
+        await channel.aclose()
+
+
+@pytest.mark.parametrize("https_receiver", ["localhost"], indirect=True)
+async def test_https_goes_to_the_checked_address_and_the_certificate_names_the_host(
+    https_receiver,
+):
+    port, ca_file, hosts = https_receiver
+    await send_over_https(port, ca_file)
+    assert hosts == [f"localhost:{port}"]
+
+
+@pytest.mark.parametrize("https_receiver", ["elsewhere.test"], indirect=True)
+async def test_a_certificate_for_another_name_is_refused(https_receiver):
+    port, ca_file, hosts = https_receiver
+    with pytest.raises(ChannelUnavailable, match="ConnectError"):
+        await send_over_https(port, ca_file)
+    assert hosts == []
