@@ -62,6 +62,22 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     return [f"IMAP servers: pymap; Dovecot {found}"]
 
 
+#: Folders whose tests run whole Mailroom systems (several processes and servers each).
+_SYSTEM_TESTS = ("faults", "e2e")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run the whole-system tests in one xdist group: one process runs them one at a time.
+
+    Two of them at once on two cores would starve each other's heartbeats and leases; the
+    lighter tests run beside them in the other process.
+    """
+    tests = Path(__file__).parent
+    for item in items:
+        if item.path.relative_to(tests).parts[0] in _SYSTEM_TESTS:
+            item.add_marker(pytest.mark.xdist_group("systems"))
+
+
 @pytest.fixture(autouse=True)
 def _detach_stopped_workers() -> Iterator[None]:
     """Forget the workers a test started once it is over.

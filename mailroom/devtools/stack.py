@@ -331,8 +331,10 @@ class EmbeddedPostgres(_Server):
             "127.0.0.1",
             "-p",
             str(self.port),
+            # No Unix socket: everything connects over TCP, and a socket path over 107 bytes (a
+            # deep state dir) would stop Postgres from starting at all.
             "-k",
-            str(self.pgdata),
+            "",
             "-c",
             "max_connections=300",
             "-c",

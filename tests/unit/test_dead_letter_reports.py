@@ -157,7 +157,8 @@ def test_unexpected_error_on_the_last_attempt_is_one_event_not_two(broker, sentr
         "RuntimeError",
         "RuntimeError",
     ]
-    assert [e["tags"].get("dead_letter") for e in sentry.events] == [None, "yes"]
+    # Sentry's transport may hand the two events over in either order.
+    assert sorted(str(e["tags"].get("dead_letter")) for e in sentry.events) == ["None", "yes"]
     assert all(e["tags"]["actor"] == "dl_crash" for e in sentry.events)
 
 
