@@ -47,7 +47,8 @@ class ReplayedJob:
 _LOCK_ONE = text(
     """
     SELECT j.id, j.file_id, j.pipeline, j.status, j.attempt, j.error_code,
-           f.current_recognition_job_id = j.id AS is_current, f.mail_id
+           f.current_recognition_job_id = j.id AS is_current, f.mail_id,
+           f.object_id IS NULL AS no_object
       FROM recognition_job AS j
       JOIN stored_file AS f ON f.id = j.file_id
      WHERE j.id = :id
@@ -62,6 +63,8 @@ _LOCK_BY_STATUS = text(
       FROM recognition_job AS j
       JOIN stored_file AS f ON f.id = j.file_id AND f.current_recognition_job_id = j.id
      WHERE j.status = :status
+       -- A file whose bytes retention removed (or never stored) has nothing to recognize.
+       AND f.object_id IS NOT NULL
      ORDER BY j.finished_at NULLS FIRST, j.id
      LIMIT :limit
        FOR UPDATE OF j, f SKIP LOCKED
@@ -123,6 +126,10 @@ async def replay_job(
         raise ReplayRefused(f"recognition job {job_id} is {row.status}; only {statuses} replay")
     if not row.is_current:
         raise ReplayRefused(f"recognition job {job_id} is not its file's current attempt")
+    if row.no_object:
+        raise ReplayRefused(
+            f"recognition job {job_id}: its file's bytes are gone (removed by retention)"
+        )
     return await _replay(
         session,
         row,

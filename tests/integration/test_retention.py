@@ -5,14 +5,23 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 import actors.resources
 from actors import queues
 from actors.retention import apply_retention
 from mailroom.db import transaction
+from mailroom.errors import ReplayRefused
 from mailroom.lifecycle.retention import PURGE_ACTION, purge_batch, run_retention_pass
-from mailroom.models import AuditEvent, Document, InboundMail, ObjectDeletion, StoredFile
+from mailroom.models import (
+    AuditEvent,
+    Document,
+    InboundMail,
+    ObjectDeletion,
+    RecognitionJob,
+    StoredFile,
+)
+from mailroom.recognition.replay import replay_job, replay_jobs_by_status
 from mailroom.settings import Settings
 
 pytestmark = pytest.mark.integration
@@ -136,3 +145,20 @@ async def test_the_scheduler_s_actor_runs_the_pass_on_a_worker(
         actors.resources.configure(Settings())
     assert await world.stored(rows) == [False, False, False]
     assert (await _mail(world, rows.mail_id)).purged_at is not None
+
+
+async def test_a_job_of_a_purged_mail_is_not_replayed(lifecycle_world):
+    world = lifecycle_world
+    rows = await world.mail(age_days=40)
+    async with transaction(world.sessions) as session:
+        await purge_batch(session, mailbox="billing", retention_days=30, limit=10)
+        await session.execute(
+            update(RecognitionJob).where(RecognitionJob.id == rows.job_id).values(status="error")
+        )
+    async with transaction(world.sessions) as session:
+        with pytest.raises(ReplayRefused, match="removed by retention"):
+            await replay_job(session, rows.job_id, actor_type="operator", actor_id="ops")
+        replayed = await replay_jobs_by_status(
+            session, "error", limit=10, actor_type="operator", actor_id="ops"
+        )
+    assert replayed == []
