@@ -131,31 +131,48 @@ def decode_base64(raw: bytes, span: tuple[int, int]) -> bytes | None:
 def decode_head(raw: bytes, span: tuple[int, int]) -> bytes:
     """The first bytes of the base64 text ``raw[span]``, enough to tell its type."""
     start, end = span
-    chars = raw[start : min(end, start + HEAD_BYTES)].replace(b"\r", b"").replace(b"\n", b"")
+    return _decode_start(raw[start : min(end, start + HEAD_BYTES)])
+
+
+def _decode_start(text: bytes) -> bytes:
+    chars = text.translate(None, _SPACE)
     try:
         return binascii.a2b_base64(chars[: len(chars) // 4 * 4])
     except binascii.Error:
         return b""
 
 
-def read_part(part: Message, elided: ElidedMail, max_bytes: int) -> tuple[bytes, int] | None:
-    """A leaf part cut out of the parser's text: its bytes and size, read from the raw mail.
+#: Bytes a base64 text may carry between its characters.
+_SPACE = b" \t\r\n"
+
+
+def read_part(part: Message, elided: ElidedMail | None, max_bytes: int) -> tuple[bytes, int] | None:
+    """A base64 leaf part over ``max_bytes``, or one cut out of the parser's text.
 
     Over ``max_bytes`` the bytes are only its start (for its type) and the size is told by
-    the base64 length. None when the part is not one cut-out base64 body; a marker in it is
-    then put back, and the part is read as usual.
+    the base64 length: it is never decoded whole. A cut-out part under it is decoded from the
+    raw mail. None otherwise (a marker in the part is then put back): read it as usual.
     """
     payload = part.get_payload()
-    if not isinstance(payload, str) or elided.marker not in payload:
+    if not isinstance(payload, str):
         return None
-    span = elided.span_of(payload)
     encoding = str(part.get("Content-Transfer-Encoding", "")).strip().lower()
-    if span is not None and encoding == "base64":
-        size = base64_size(elided.raw, span)
+    if elided is not None and elided.marker in payload:
+        span = elided.span_of(payload)
+        if span is not None and encoding == "base64":
+            size = base64_size(elided.raw, span)
+            if size > max_bytes:
+                return decode_head(elided.raw, span), size
+            data = decode_base64(elided.raw, span)
+            if data is not None:
+                return data, len(data)
+        elided.restore_part(part)
+        payload = part.get_payload()
+    if encoding == "base64" and len(payload) * 3 // 4 > max_bytes:
+        text = payload.encode("ascii", "ignore")
+        tail = text[-8:].rstrip()
+        padding = len(tail) - len(tail.rstrip(b"="))
+        size = (len(text) - sum(text.count(c) for c in _SPACE)) * 3 // 4 - padding
         if size > max_bytes:
-            return decode_head(elided.raw, span), size
-        data = decode_base64(elided.raw, span)
-        if data is not None:
-            return data, len(data)
-    elided.restore_part(part)
+            return _decode_start(text[:HEAD_BYTES]), size
     return None

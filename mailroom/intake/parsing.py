@@ -206,8 +206,7 @@ def _collect(
     """Add the attachments of ``message`` to ``found``, opening containers down to the limit."""
     cids = _referenced_content_ids(message) if limits.skip_inline_images else set()
     for part, content_type, filename in _leaf_parts(message):
-        elided = _ELIDED.get()
-        read = read_part(part, elided, limits.max_attachment_bytes) if elided else None
+        read = read_part(part, _ELIDED.get(), limits.max_attachment_bytes)
         data, size = read if read is not None else (_payload(part), None)
         attachment = _attachment(found, limits, filename, content_type, data, size=size)
         content_id = _content_id(part)
