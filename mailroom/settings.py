@@ -30,7 +30,7 @@ from pydantic_settings import (
 
 from mailroom import outbound, settings_checks, webhooks
 from mailroom.document_types import DocumentType
-from mailroom.errors import WebhookTargetRefused
+from mailroom.errors import UnsafeHeaderValue, WebhookTargetRefused
 from mailroom.settings_checks import StrictEnvSource, unknown_placeholders
 
 #: Loopback ports of the embedded dev stack (``mailroom dev``).
@@ -479,6 +479,15 @@ class EmailAccount(StrictModel):
     @classmethod
     def _port_for_security(cls, data: Any) -> Any:
         return _default_port(data, SMTP_PORTS, "starttls")
+
+    @model_validator(mode="after")
+    def _check_sender(self) -> EmailAccount:
+        """A sender with CR, LF or a control would inject headers: refused at load."""
+        try:
+            outbound.check_header_value("From", self.sender)
+        except UnsafeHeaderValue as exc:
+            raise ValueError(f"sender: {exc}") from None
+        return self
 
 
 class RateLimit(StrictModel):

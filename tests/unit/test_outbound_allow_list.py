@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from mailroom.cli.errors import describe
 from mailroom.errors import UnsafeHeaderValue, WebhookTargetRefused
 from mailroom.outbound import AllowList, check_addresses, check_header_value, check_url
-from mailroom.settings import DeliverySettings, Settings
+from mailroom.settings import DeliverySettings, EmailAccount, Settings
 
 ALLOW = AllowList.parse(["hooks.example.com", "*.partner.test", "10.1.0.0/16", "::1"])
 
@@ -121,3 +121,8 @@ def test_an_unlisted_webhook_url_is_one_configuration_line(monkeypatch):
         "mailroom: configuration error: delivery: "
         "webhook_accounts.a: webhook address 10.0.0.5 is not in delivery.webhook_allowed_hosts"
     ]
+
+
+def test_a_sender_with_a_line_break_is_refused_at_load():
+    with pytest.raises(ValidationError, match="sender: header From would carry"):
+        EmailAccount(host="smtp.test", sender="mailroom@corp.test\r\nBcc: all@evil.test")
