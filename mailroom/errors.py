@@ -115,6 +115,10 @@ class ChannelUnavailable(ServiceUnavailable):
     """The channel's provider could not take the message now."""
 
 
+class OAuthTokenUnavailable(ServiceUnavailable):
+    """The OAuth 2.0 token endpoint could not be reached, timed out or answered 5xx/429."""
+
+
 class MailboxCommandFailed(RetryableError):
     """The IMAP server answered NO or BAD to a command."""
 
@@ -149,6 +153,10 @@ class InvalidPayload(PermanentError):
 
 class MailboxLoginRejected(PermanentError):
     """The IMAP server refused the login (wrong credentials or account disabled)."""
+
+
+class OAuthTokenRefused(PermanentError):
+    """The token endpoint refused the grant or the client (invalid_grant, invalid_client)."""
 
 
 class NatsConfigError(PermanentError):

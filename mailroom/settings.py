@@ -32,6 +32,7 @@ from mailroom import outbound, settings_checks, webhooks
 from mailroom.document_types import DocumentType
 from mailroom.errors import UnsafeHeaderValue, WebhookTargetRefused
 from mailroom.settings_checks import StrictEnvSource, unknown_placeholders
+from mailroom.settings_oauth import AuthKind, OAuthSettings, check_login
 
 #: Loopback ports of the embedded dev stack (``mailroom dev``).
 DEV_POSTGRES_PORT = 55432
@@ -321,7 +322,11 @@ class MailboxSettings(StrictModel):
     #: CA bundle that signs the server's certificate (self-signed servers); empty: system CAs.
     ca_file: Path | None = None
     username: str
-    password: SecretStr
+    #: Needed with auth ``password``; unused with a token login.
+    password: SecretStr = SecretStr("")
+    #: ``password`` (LOGIN), or ``xoauth2`` / ``oauthbearer`` with a token from ``oauth``.
+    auth: AuthKind = "password"
+    oauth: OAuthSettings | None = None
     folder: str = "INBOX"
     enabled: bool = True
     #: Most mails one poll ingests; a fuller folder re-sends the poll at once.
@@ -350,6 +355,12 @@ class MailboxSettings(StrictModel):
     @classmethod
     def _port_for_security(cls, data: Any) -> Any:
         return _default_port(data, IMAP_PORTS, "ssl")
+
+    @model_validator(mode="after")
+    def _check_login(self) -> MailboxSettings:
+        given = self.password if "password" in self.model_fields_set else None
+        check_login(f"mailbox {self.name!r}", self.auth, given, self.oauth)
+        return self
 
     @model_validator(mode="after")
     def _check_after_ingest(self) -> MailboxSettings:
@@ -472,6 +483,10 @@ class EmailAccount(StrictModel):
     security: Literal["ssl", "starttls", "plain"] = "starttls"
     username: str | None = None
     password: SecretStr | None = None
+    #: ``password`` (AUTH with username and password when username is set), or ``xoauth2`` /
+    #: ``oauthbearer`` with a token from ``oauth`` for ``username``.
+    auth: AuthKind = "password"
+    oauth: OAuthSettings | None = None
     sender: str = "mailroom@localhost"
     timeout_s: float = 10.0
 
@@ -487,6 +502,13 @@ class EmailAccount(StrictModel):
             outbound.check_header_value("From", self.sender)
         except UnsafeHeaderValue as exc:
             raise ValueError(f"sender: {exc}") from None
+        return self
+
+    @model_validator(mode="after")
+    def _check_login(self) -> EmailAccount:
+        if self.auth != "password" and not self.username:
+            raise ValueError(f"auth {self.auth!r} needs username (the mailbox the token is for)")
+        check_login("email account", self.auth, self.password or SecretStr(""), self.oauth)
         return self
 
 

@@ -27,6 +27,7 @@ from typing import Any, Protocol, TypeVar
 from imapclient import DELETED, IMAPClient
 from imapclient.exceptions import LoginError
 
+from mailroom.adapters import oauth
 from mailroom.errors import (
     MailboxCommandFailed,
     MailboxLoginRejected,
@@ -206,7 +207,7 @@ class ImapMailbox:
         client.normalise_times = False  # aware datetimes, not local naive ones
         if s.security == "starttls":
             client.starttls(context)
-        client.login(s.username, s.password.get_secret_value())
+        _login(client, s)
         return client
 
     async def connect(self) -> None:
@@ -385,6 +386,25 @@ class ImapMailbox:
         except RetryableError as exc:
             logger.warning("IMAP logout of %s failed: %s", self.settings.name, exc)
             _shutdown_quietly(client)
+
+
+def _login(client: IMAPClient, settings: MailboxSettings) -> None:
+    """LOGIN with the password, or AUTHENTICATE with an OAuth token (``settings.auth``).
+
+    A refused token is dropped from the cache, so the next connect fetches a new one.
+    """
+    if settings.auth == "password" or settings.oauth is None:
+        client.login(settings.username, settings.password.get_secret_value())
+        return
+    token = oauth.TOKENS.token(settings.oauth)
+    try:
+        if settings.auth == "oauthbearer":
+            client.oauthbearer_login(settings.username, token)
+        else:
+            client.oauth2_login(settings.username, token)
+    except LoginError as exc:
+        oauth.TOKENS.invalidate(settings.oauth, token)
+        raise LoginError(f"{settings.auth.upper()} token refused: {exc}") from exc
 
 
 def _shutdown_quietly(client: IMAPClient) -> None:

@@ -14,6 +14,7 @@ import ssl
 from email.message import EmailMessage
 from email.utils import formatdate
 
+from mailroom.adapters import oauth
 from mailroom.adapters.channels import register
 from mailroom.delivery.ports import Envelope
 from mailroom.errors import AppError, ChannelRejected, ChannelUnavailable, UnknownAccount
@@ -42,9 +43,7 @@ class EmailChannel:
         account = self.account
         try:
             with _connect(account) as smtp:
-                if account.username:
-                    password = account.password.get_secret_value() if account.password else ""
-                    smtp.login(account.username, password)
+                _login(smtp, account)
                 smtp.send_message(mail)
         except smtplib.SMTPRecipientsRefused as exc:
             codes = [code for code, _ in exc.recipients.values()]
@@ -93,6 +92,25 @@ def _connect(account: EmailAccount) -> smtplib.SMTP:
         smtp.close()
         raise
     return smtp
+
+
+def _login(smtp: smtplib.SMTP, account: EmailAccount) -> None:
+    """AUTH with the password, or with an OAuth token (dropped from the cache if refused)."""
+    if not account.username:
+        return
+    if account.auth == "password" or account.oauth is None:
+        password = account.password.get_secret_value() if account.password else ""
+        smtp.login(account.username, password)
+        return
+    token = oauth.TOKENS.token(account.oauth)
+    first = oauth.sasl_string(account.auth.upper(), account.username, token)
+    smtp.ehlo_or_helo_if_needed()
+    try:
+        # A refusal may come as a 334 error challenge first: an empty reply ends the exchange.
+        smtp.auth(account.auth.upper(), lambda challenge=None: first if challenge is None else "")
+    except smtplib.SMTPAuthenticationError:
+        oauth.TOKENS.invalidate(account.oauth, token)
+        raise
 
 
 def _by_code(code: int, reason: str) -> AppError:
