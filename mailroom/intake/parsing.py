@@ -5,8 +5,9 @@ Stdlib ``email`` with its ``compat32`` policy (ten times faster than
 RFC 2047 words are decoded here and RFC 2231 names by ``get_filename``. Mail is
 untrusted: every header read tolerates malformed or non-UTF-8 input (bytes no
 charset explains become U+FFFD), names lose path parts and control characters,
-and the size and count limits decide which attachments are stored at all.
-Forwarded mails and winmail.dat are opened (``containers``) down to a depth
+and the size and count limits decide which attachments are stored at all (one
+over its size limit is sized from its base64, never decoded; the big bodies of a
+big mail never go through the parser: ``big_parts``). Forwarded mails and winmail.dat are opened (``containers``) down to a depth
 limit, each file recording the container it came from.
 """
 
