@@ -63,8 +63,14 @@ def _key(oauth: OAuthSettings) -> _Key:
 class TokenProvider:
     """Access tokens per OAuth setting, cached until shortly before they expire."""
 
-    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
         self._clock = clock
+        self._transport = transport
         self._tokens: dict[_Key, _Token] = {}
         self._locks: dict[_Key, threading.Lock] = {}
         # A refresh token the endpoint rotated (sent a new one with the access token).
@@ -108,7 +114,7 @@ class TokenProvider:
         where = f"token endpoint {oauth.token_url[:100]!r}"
         started = self._clock()
         try:
-            with httpx.Client(timeout=oauth.timeout_s) as client:
+            with httpx.Client(timeout=oauth.timeout_s, transport=self._transport) as client:
                 response = client.post(
                     oauth.token_url, data=form, headers={"Accept": "application/json"}
                 )
