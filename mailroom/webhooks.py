@@ -80,13 +80,13 @@ def verify(
     headers: Mapping[str, str],
     body: bytes,
     *,
-    secrets: Iterable[str],
+    secrets: str | Iterable[str],
     tolerance_s: int = TOLERANCE_S,
     now: float | None = None,
 ) -> str:
     """Check a received request; return its ``webhook-id`` (the key to dedupe on).
 
-    ``secrets`` are the receiver's active secrets: a signature by any of them is
+    ``secrets`` are the receiver's active secrets (or one): a signature by any of them is
     accepted, so the sender and the receiver can rotate one at a time. The timestamp
     must be within ``tolerance_s`` of ``now`` either way, which bounds replays.
 
@@ -114,7 +114,8 @@ def verify(
         for entry in found[SIGNATURE_HEADER].split(" ")
         if entry.startswith("v1,")
     ]
-    expected = [sign(secret, msg_id, timestamp, body)[3:].encode() for secret in secrets]
+    active = [secrets] if isinstance(secrets, str) else list(secrets)
+    expected = [sign(secret, msg_id, timestamp, body)[3:].encode() for secret in active]
     if not expected:
         raise WebhookVerificationError("no secret to verify with")
     # Every pair is compared, in constant time each, so timing tells nothing about which.

@@ -35,6 +35,11 @@ def test_a_valid_request_returns_its_id():
     assert verify(headers, BODY, secrets=[SECRET], now=NOW + 10) == "7:1"
 
 
+def test_one_secret_may_be_given_alone():
+    headers = signature_headers([SECRET], "7:1", BODY, timestamp=NOW)
+    assert verify(headers, BODY, secrets=SECRET, now=NOW) == "7:1"
+
+
 def test_header_names_are_matched_without_case():
     headers = {
         k.title(): v for k, v in signature_headers([SECRET], "7:1", BODY, timestamp=NOW).items()
