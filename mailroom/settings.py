@@ -326,6 +326,8 @@ class MailboxSettings(StrictModel):
     password: SecretStr = SecretStr("")
     #: ``password`` (LOGIN), or ``xoauth2`` / ``oauthbearer`` with a token from ``oauth``.
     auth: AuthKind = "password"
+    #: The token endpoint and grant of a token login (keys: token_url, client_id, client_secret,
+    #: grant, refresh_token, scope, refresh_margin_s, timeout_s; see the README on logins).
     oauth: OAuthSettings | None = None
     folder: str = "INBOX"
     enabled: bool = True
@@ -486,6 +488,8 @@ class EmailAccount(StrictModel):
     #: ``password`` (AUTH with username and password when username is set), or ``xoauth2`` /
     #: ``oauthbearer`` with a token from ``oauth`` for ``username``.
     auth: AuthKind = "password"
+    #: The token endpoint and grant of a token login (keys: token_url, client_id, client_secret,
+    #: grant, refresh_token, scope, refresh_margin_s, timeout_s; see the README on logins).
     oauth: OAuthSettings | None = None
     sender: str = "mailroom@localhost"
     timeout_s: float = 10.0
