@@ -12,6 +12,7 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     CheckConstraint,
     DateTime,
     ForeignKey,
@@ -361,3 +362,33 @@ class AuditEvent(Base):
     target: Mapped[str] = mapped_column(Text)
     detail: Mapped[dict[str, Any]] = mapped_column(JSONB, server_default=text("'{}'::jsonb"))
     created_at: Mapped[datetime] = _now()
+
+
+CONFIG_KINDS = ("mailbox", "account", "route")
+#: ``settings``: seeded from the environment (re-seeded while unchanged); ``operator``: changed
+#: through the CLI, never overwritten by a seed.
+CONFIG_SOURCES = ("settings", "operator")
+
+
+class RuntimeConfig(Base):
+    """A mailbox, channel account or notification route managed at runtime (ARCHITECTURE.md).
+
+    ``config`` is the settings model's JSON with every secret Fernet-encrypted;
+    ``version`` comes from one sequence, so the highest version changes on every write.
+    """
+
+    __tablename__ = "runtime_config"
+    __table_args__ = (
+        CheckConstraint(_in("kind", CONFIG_KINDS), name="kind"),
+        CheckConstraint(_in("source", CONFIG_SOURCES), name="source"),
+    )
+
+    kind: Mapped[str] = mapped_column(String(20), primary_key=True)
+    #: Mailbox name, ``channel:account``, or the route's name.
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    enabled: Mapped[bool] = mapped_column(Boolean, server_default=text("true"))
+    version: Mapped[int] = mapped_column(BigInteger)
+    source: Mapped[str] = mapped_column(String(20))
+    config: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    updated_by: Mapped[str] = mapped_column(String(200))
+    updated_at: Mapped[datetime] = _now()
