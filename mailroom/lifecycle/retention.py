@@ -67,7 +67,15 @@ def _settled(mail_id: InstrumentedAttribute[int]) -> ColumnElement[bool]:
     open_job = (
         exists()
         .where(StoredFile.mail_id == mail_id, RecognitionJob.file_id == StoredFile.id)
-        .where(RecognitionJob.status.not_in(FINAL_JOB_STATUSES))
+        .where(
+            RecognitionJob.status.not_in(FINAL_JOB_STATUSES)
+            # A result the unmapped sweep would still send to mapping, which reads its object.
+            | (
+                RecognitionJob.status.in_(("done", "needs_check", "error"))
+                & RecognitionJob.mapped_at.is_(None)
+                & RecognitionJob.result_msg_id.is_not(None)
+            )
+        )
     )
     open_message = exists().where(
         ChannelMessage.mail_id == mail_id, ChannelMessage.status.in_(("pending", "sending"))

@@ -40,6 +40,13 @@ async def test_old_settled_mails_lose_their_objects_in_batches_recent_held_and_o
     recent = await world.mail(age_days=5)
     held = await world.mail(age_days=40, held=True)
     in_flight = await world.mail(age_days=40, job_status="processing")
+    unmapped = await world.mail(age_days=40)
+    async with transaction(world.sessions) as session:  # a result mapping has still to read
+        await session.execute(
+            update(RecognitionJob)
+            .where(RecognitionJob.id == unmapped.job_id)
+            .values(result_msg_id="job:1:result")
+        )
     settings = world.with_retention(30, batch_size=2, deletion_grace_s=0)
 
     report = await run_retention_pass(world.sessions, world.store, settings)
@@ -50,7 +57,7 @@ async def test_old_settled_mails_lose_their_objects_in_batches_recent_held_and_o
         assert await world.stored(rows) == [False, False, False]
         mail = await _mail(world, rows.mail_id)
         assert mail.purged_at is not None and mail.raw_object_id is None
-    for rows in (recent, held, in_flight):
+    for rows in (recent, held, in_flight, unmapped):
         assert await world.stored(rows) == [True, True, True]
         assert (await _mail(world, rows.mail_id)).purged_at is None
     async with world.sessions() as session:
@@ -63,8 +70,8 @@ async def test_old_settled_mails_lose_their_objects_in_batches_recent_held_and_o
         files = list(await session.scalars(select(StoredFile).order_by(StoredFile.id)))
     assert [e.detail["mails"] for e in events] == [2, 1], "one event per bounded batch"
     assert events[0].target == "mailbox:billing" and events[0].detail["objects_queued"] == 6
-    assert documents == 6, "documents are kept after the bodies are gone"
-    assert [f.object_id is None for f in files] == [True] * 3 + [False] * 3
+    assert documents == 7, "documents are kept after the bodies are gone"
+    assert [f.object_id is None for f in files] == [True] * 3 + [False] * 4
     assert (await run_retention_pass(world.sessions, world.store, settings)).purged == {}
 
 
@@ -127,22 +134,26 @@ async def test_an_object_stored_again_after_it_was_queued_is_kept(lifecycle_worl
     assert (await world.stored(rows))[1:] == [False, False]
 
 
+@pytest.fixture
+def retention_resources(lifecycle_world):
+    """Actors use these settings (request before ``stub_worker``: it closes what they built)."""
+    actors.resources.configure(lifecycle_world.with_retention(30, deletion_grace_s=0))
+    yield lifecycle_world
+    actors.resources.configure(Settings())
+
+
 async def test_the_scheduler_s_actor_runs_the_pass_on_a_worker(
-    lifecycle_world, stub_broker, stub_worker
+    retention_resources, stub_broker, stub_worker
 ):
-    world = lifecycle_world
+    world = retention_resources
     rows = await world.mail(age_days=40)
-    actors.resources.configure(world.with_retention(30, deletion_grace_s=0))
-    try:
-        apply_retention.send()
+    apply_retention.send()
 
-        def drain() -> None:
-            stub_broker.join(queues.MAINTENANCE, fail_fast=True)
-            stub_worker.join()
+    def drain() -> None:
+        stub_broker.join(queues.MAINTENANCE, fail_fast=True)
+        stub_worker.join()
 
-        await asyncio.to_thread(drain)
-    finally:
-        actors.resources.configure(Settings())
+    await asyncio.to_thread(drain)
     assert await world.stored(rows) == [False, False, False]
     assert (await _mail(world, rows.mail_id)).purged_at is not None
 
