@@ -257,6 +257,19 @@ class RecognitionJob(Base):
                 " AND result_msg_id IS NOT NULL"
             ),
         ),
+        # The health gate's answer clock: the last ack and the last result per pipeline.
+        Index(
+            "ix_recognition_job_acked",
+            "pipeline",
+            "started_at",
+            postgresql_where=text("kind = 'automatic'"),
+        ),
+        Index(
+            "ix_recognition_job_answered",
+            "pipeline",
+            "finished_at",
+            postgresql_where=text("result_msg_id IS NOT NULL"),
+        ),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True, default=uuid.uuid4)
@@ -347,6 +360,21 @@ class ChannelMessage(Base):
     mail_id: Mapped[int | None] = mapped_column(ForeignKey("inbound_mail.id"), index=True)
     document_id: Mapped[int | None] = mapped_column(ForeignKey("document.id"))
     created_at: Mapped[datetime] = _now()
+
+
+class RecognitionGate(Base):
+    """When the recognition health gate of a pipeline closed and why (ARCHITECTURE.md).
+
+    Not the decision itself (computed from the jobs each pass): the memory that lets the
+    close be reported once and the reopening refresh the held jobs once.
+    """
+
+    __tablename__ = "recognition_gate"
+
+    pipeline: Mapped[str] = mapped_column(String(20), primary_key=True)
+    closed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    reason: Mapped[str | None] = mapped_column(Text)
+    changed_at: Mapped[datetime] = _now()
 
 
 class AuditEvent(Base):
