@@ -336,6 +336,9 @@ class MailboxSettings(StrictModel):
     idle: bool = True
     #: Longest IDLE wait when nothing is new, in seconds.
     idle_timeout_s: float = 10.0
+    #: A mailbox of real mail: the reference recognizer (``mailroom recognizer``) refuses to
+    #: start beside it outside ``mailroom dev``.
+    real: bool = False
     #: Connect and read timeout of the IMAP socket, in seconds.
     timeout_s: float = 30.0
     #: Store images shown in the HTML body (by Content-ID) and images under
@@ -436,6 +439,11 @@ class RecognitionSettings(StrictModel):
     #: Tries of the inbox or of mapping at one job whose worker died (never came back),
     #: counted in Postgres; past them the job fails (`*_ATTEMPTS_EXHAUSTED`).
     max_processing_attempts: int = 5
+    #: Health gate: when no service of a pipeline answered (ack or result) for this long while
+    #: one of its requests has waited as long unacked, the outbox and the watchdog hold its jobs
+    #: (no republish counted, no ``dlq``, no timeout) until a service answers, in seconds. Keep
+    #: it under ack_timeout_s × (max_republish + 1), or jobs are dead-lettered before it closes.
+    silence_after_s: float = Field(default=60.0, gt=0)
 
 
 class RecognizerSettings(StrictModel):
