@@ -202,7 +202,16 @@ async def _ingest_in_order(
         async with _pipeline(ctx) as pg:
             for index in range(len(chunks)):
                 assert fetching is not None
-                mails = await fetching
+                # Groups taken off one by one: a prepared group then holds the only reference to
+                # its mails, and their bytes go once they are stored (``prepare_group``).
+                groups = deque(
+                    bounded_runs(
+                        await fetching,
+                        lambda mail: len(mail.raw),
+                        max_items=ctx.intake.commit_group,
+                        max_bytes=GROUP_BYTES,
+                    )
+                )
                 # One IMAP command at a time: the next chunk is read while this one is ingested.
                 fetching = (
                     asyncio.create_task(_fetch(connection, chunks[index + 1], oversize))
@@ -212,14 +221,8 @@ async def _ingest_in_order(
                 if counting is not None:
                     await counting
                     counting = None
-                groups = bounded_runs(
-                    mails,
-                    lambda mail: len(mail.raw),
-                    max_items=ctx.intake.commit_group,
-                    max_bytes=GROUP_BYTES,
-                )
-                for group in groups:
-                    prepare = prepare_group(group, store=ctx.store, limits=ctx.limits)
+                while groups:
+                    prepare = prepare_group(groups.popleft(), store=ctx.store, limits=ctx.limits)
                     window.append(asyncio.create_task(prepare))
                     if len(window) > GROUPS_AHEAD:
                         await _commit_next(ctx, pg, connection, window, result)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import psycopg
@@ -110,7 +110,10 @@ async def prepare_group(
                 requests.append(request)
                 owners.append((index, position))
     outcomes = await store.put_many(requests) if requests else []
-    prepared = [PreparedMail(mail, p, None, [None] * len(p.attachments)) for mail, p in parsed]
+    prepared = [
+        PreparedMail(_drop_bytes(mail, p), p, None, [None] * len(p.attachments))
+        for mail, p in parsed
+    ]
     ready = len(prepared)
     for (owner, part), outcome in zip(owners, outcomes, strict=True):
         if isinstance(outcome, Exception):
@@ -125,6 +128,17 @@ async def prepare_group(
         else:
             prepared[owner].refs[part] = outcome
     return PreparedGroup(prepared[:ready], failure)
+
+
+def _drop_bytes(mail: FetchedMail, parsed: ParsedMail) -> FetchedMail:
+    """``mail`` without its bytes, and ``parsed`` without its files' bytes: they are stored.
+
+    A prepared group waits for the groups before it to commit, and the commit needs none of
+    the bytes: a big mail's memory goes as soon as its objects are in the store.
+    """
+    for attachment in parsed.attachments:
+        attachment.data = b""
+    return replace(mail, raw=b"")
 
 
 def _attachment_request(attachment: ParsedAttachment) -> PutRequest | None:
