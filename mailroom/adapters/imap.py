@@ -84,7 +84,7 @@ class Mailbox(Protocol):
         ...
 
     async def fetch_headers(self, uids: list[int]) -> list[FetchedMail]:
-        """The header blocks and sizes of ``uids`` that still exist, bodies unread, in UID order."""
+        """Header blocks and sizes of the ``uids`` that still exist, bodies unread, in UID order."""
         ...
 
     async def idle(self, timeout_s: float) -> bool:

@@ -7,8 +7,9 @@ untrusted: every header read tolerates malformed or non-UTF-8 input (bytes no
 charset explains become U+FFFD), names lose path parts and control characters,
 and the size and count limits decide which attachments are stored at all (one
 over its size limit is sized from its base64, never decoded; the big bodies of a
-big mail never go through the parser: ``big_parts``). Forwarded mails and winmail.dat are opened (``containers``) down to a depth
-limit, each file recording the container it came from.
+big mail never go through the parser: ``big_parts``). Forwarded mails and
+winmail.dat are opened (``containers``) down to a depth limit, each file
+recording the container it came from.
 """
 
 from __future__ import annotations
@@ -234,7 +235,7 @@ def _attachment(
     *,
     size: int | None = None,
 ) -> ParsedAttachment:
-    """One attachment; ``size`` is given when ``data`` is only the start of a part too big to read."""
+    """One attachment; ``size`` is given when ``data`` is only the start of a part too big."""
     index = len(found) + 1
     size = len(data) if size is None else size
     media_type = clean_text(content_type, limit=255).lower()
