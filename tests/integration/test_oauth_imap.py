@@ -1,5 +1,6 @@
 """OAuth 2.0 IMAP login against pymap (XOAUTH2, OAUTHBEARER) and a local token endpoint:
-fresh, cached, refreshed and refused tokens, and what intake records when the token is refused."""
+fresh, cached, refreshed and refused tokens, and what intake records when the token is refused;
+Dovecot's oauth2 passdb takes the same tokens."""
 
 from __future__ import annotations
 
@@ -137,3 +138,19 @@ async def test_intake_records_a_refused_grant_backs_off_and_recovers(
     intake_env.clock.advance(3)
     assert (await intake_env.poll()).status == "done"
     assert [m.uid for m in await intake_env.mails()] == [uid]
+
+
+async def test_dovecot_oauth2_passdb_takes_a_fresh_token_and_refuses_another(
+    oauth_dovecot, token_endpoint, clock
+):
+    folder = new_folder(oauth_dovecot)
+    uids = oauth_dovecot.append(folder, csv_mail(1))
+    for auth in ("xoauth2", "oauthbearer"):
+        settings = oauth_mailbox(oauth_dovecot, folder, token_endpoint, auth=auth)
+        assert await read_uids(settings) == uids, auth
+
+    # Refused last: Dovecot delays the next login from the address after a failure.
+    clock.now += 3600  # the next login fetches a token the server will not take
+    token_endpoint.valid = False
+    with pytest.raises(MailboxLoginRejected, match="OAUTHBEARER token refused"):
+        await read_uids(settings)
