@@ -79,7 +79,7 @@ class Resources:
         async def build() -> aioredis.Redis:
             from mailroom.adapters.redis_client import async_client
 
-            return async_client(self.settings.redis.url, self.settings.redis)
+            return async_client(self.settings.stream_redis_url, self.settings.redis)
 
         async def close(client: aioredis.Redis) -> None:
             await client.aclose()
@@ -92,10 +92,18 @@ class Resources:
 
         client = await self.redis()
 
+        sessions = await self.sessions()
+
         async def build() -> ChannelOutbound:
+            from mailroom.config_store.effective import RuntimeAccounts
+            from mailroom.config_store.secrets import Cipher
+
             delivery = self.settings.delivery
+            key = self.settings.runtime_config.key.get_secret_value()
             return ChannelOutbound(
-                delivery, redis=DeliveryRedis(client, stream_key=delivery.stream_key)
+                delivery,
+                redis=DeliveryRedis(client, stream_key=delivery.stream_key),
+                accounts=RuntimeAccounts(sessions, delivery, Cipher(key)),
             )
 
         async def close(outbound: ChannelOutbound) -> None:

@@ -317,7 +317,7 @@ async def serve(settings: Settings, send: Callable[[list[int]], object]) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     handle_stop_signals(lambda *_: loop.call_soon_threadsafe(stop.set))
-    client = create_client(settings.redis.url, settings.delivery, settings.redis)
+    client = create_client(settings.stream_redis_url, settings.delivery, settings.redis)
     try:
         await StreamBridge(client, settings=settings.delivery, send=send, stop=stop).run()
     finally:

@@ -562,6 +562,8 @@ class NotificationRoute(StrictModel):
 
 
 class DeliverySettings(StrictModel):
+    #: Redis of the delivery stream, locks and rate limits; empty means ``redis.url``.
+    redis_url: str = ""
     #: Not under the broker namespace: Dramatiq keeps its "delivery" queue at "{namespace}:delivery".
     stream_key: str = "mailroom:delivery-stream"
     consumer_group: str = "mailroom-delivery"
@@ -742,6 +744,11 @@ class Settings(BaseSettings):
         return self.broker.redis_url or self.redis.url
 
     @property
+    def stream_redis_url(self) -> str:
+        """The Redis of the delivery stream (``delivery.redis_url``, else ``redis.url``)."""
+        return self.delivery.redis_url or self.redis.url
+
+    @property
     def storage_root(self) -> Path:
         root = self.storage.root
         return root if root.is_absolute() else self.state_dir / root
@@ -770,6 +777,8 @@ def _redis_link_problems(settings: Settings) -> list[str]:
     urls = {"redis.url": redis.url}
     if settings.broker.kind == "redis" and settings.broker.redis_url:
         urls["broker.redis_url"] = settings.broker.redis_url
+    if settings.delivery.redis_url:
+        urls["delivery.redis_url"] = settings.delivery.redis_url
     for name, url in urls.items():
         parts = urlsplit(url)
         if redis.tls.given and parts.scheme != "rediss":

@@ -9,6 +9,7 @@ from typing import TypeVar
 import redis.asyncio as aioredis
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -35,7 +36,9 @@ def _run(settings: Settings, work: Callable[[Clients], Awaitable[T]]) -> T:
 
     async def main() -> T:
         engine = create_engine(settings.database)
-        client = async_client(settings.redis.url, settings.redis, attempts=CLI_REDIS_ATTEMPTS)
+        client = async_client(
+            settings.stream_redis_url, settings.redis, attempts=CLI_REDIS_ATTEMPTS
+        )
         try:
             return await work((create_sessionmaker(engine), client))
         finally:
@@ -46,9 +49,14 @@ def _run(settings: Settings, work: Callable[[Clients], Awaitable[T]]) -> T:
 
 
 @app.command()
-def status() -> None:
-    """Counts per status and channel, and the stream's length and pending entries."""
-    from mailroom.delivery.status import message_counts, stream_state
+def status(
+    limit: int = typer.Option(20, "--limit", min=0, help="Most stuck or failed messages listed."),
+) -> None:
+    """Counts per status and channel, the stream, then the messages that need an operator.
+
+    Each listed message shows its id, which ``replay --id`` takes.
+    """
+    from mailroom.delivery.status import message_counts, stream_state, stuck_messages
 
     settings = _settings()
 
@@ -56,6 +64,7 @@ def status() -> None:
         sessions, client = clients
         async with sessions() as session:
             counts = await message_counts(session)
+            stuck, total = await stuck_messages(session, settings.delivery, limit=limit)
         state = await stream_state(client, settings.delivery)
         console = Console()
         table = Table(title="Channel messages")
@@ -66,7 +75,7 @@ def status() -> None:
             table.add_row(message_status, channel, str(count))
         console.print(table)
         stream = Table(title=f"Stream {settings.delivery.stream_key}")
-        for column in ("length", "pending", "consumers", "group"):
+        for column in ("length", "pending", "bridges", "group"):
             stream.add_column(column, justify="right")
         stream.add_row(
             str(state.length),
@@ -75,6 +84,23 @@ def status() -> None:
             settings.delivery.consumer_group if state.group_exists else "(not created yet)",
         )
         console.print(stream)
+        if not total:
+            console.print("Messages waiting for an operator: none")
+            return
+        title = f"Messages waiting for an operator ({len(stuck)} of {total}, oldest first)"
+        listed = Table(title=title)
+        for column in ("id", "channel/account", "status", "tries", "reason"):
+            listed.add_column(column, justify="right" if column in ("id", "tries") else "left")
+        for item in stuck:
+            listed.add_row(
+                str(item.id),
+                escape(f"{item.channel}/{item.account}"),
+                item.status,
+                str(item.attempts),
+                escape(item.reason),
+            )
+        console.print(listed)
+        console.print("Send again: mailroom delivery replay --id ID (or --status STATUS)")
 
     _run(settings, work)
 

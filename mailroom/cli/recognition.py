@@ -12,14 +12,16 @@ import logging
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import TypeVar
 
 import typer
+from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
-from sqlalchemy import Interval, func, select, type_coerce
+from sqlalchemy import Interval, func, select, text, type_coerce
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from mailroom.audit import OPERATOR, operator_id
@@ -33,7 +35,8 @@ logger = logging.getLogger(__name__)
 
 app = typer.Typer(no_args_is_help=True, help="Operate the recognition pipeline.")
 
-#: Who a replay from this command is recorded as.
+#: Longest reason shown for a stuck file, in characters.
+REASON_CHARS = 160
 
 T = TypeVar("T")
 
@@ -107,6 +110,90 @@ def render_status(status: RecognitionStatus, console: Console) -> None:
         )
 
 
+@dataclass(frozen=True)
+class StuckFile:
+    file_id: int
+    job_id: uuid.UUID
+    file_status: str
+    job_status: str
+    reason: str
+    since: datetime
+
+
+@dataclass(frozen=True)
+class StuckFiles:
+    items: list[StuckFile]
+    #: Every stuck or failed file, listed or not.
+    total: int
+
+
+# A file's current job only: superseded attempts need nobody. A job past its reply
+# deadline is stuck until the watchdog ends it.
+_STUCK_WHERE = """
+FROM stored_file f JOIN recognition_job j ON j.id = f.current_recognition_job_id
+WHERE f.status IN ('NEEDS_CHECK', 'ERROR') OR j.status IN ('dlq', 'timeout', 'error')
+   OR (j.status IN ('published', 'processing') AND j.reply_deadline < now())
+"""
+
+
+async def read_stuck(session: AsyncSession, limit: int) -> StuckFiles:
+    """Files that need an operator (or are overdue), oldest first, with their reasons."""
+    total = int(await session.scalar(text("SELECT count(*) " + _STUCK_WHERE)) or 0)
+    rows = await session.execute(
+        text(
+            "SELECT f.id, j.id, f.status, j.status, j.error_code, j.error_message, "
+            "f.status_reason, COALESCE(j.finished_at, j.requested_at) AS since "
+            + _STUCK_WHERE
+            + " ORDER BY since, f.id LIMIT :limit"
+        ),
+        {"limit": limit},
+    )
+    items = [
+        StuckFile(
+            file_id=file_id,
+            job_id=job_id,
+            file_status=file_status,
+            job_status=job_status,
+            reason=_reason(job_status, code, message, status_reason),
+            since=since,
+        )
+        for file_id, job_id, file_status, job_status, code, message, status_reason, since in rows
+    ]
+    return StuckFiles(items, total)
+
+
+def _reason(job_status: str, code: str | None, message: str | None, file_reason: str | None) -> str:
+    if job_status in ("published", "processing"):
+        return "no answer by the reply deadline (the watchdog will end it)"
+    text_ = ": ".join(part for part in (code, message) if part) or file_reason or job_status
+    return text_.replace("\n", " ")[:REASON_CHARS]
+
+
+def render_stuck(stuck: StuckFiles, console: Console) -> None:
+    if not stuck.total:
+        console.print("Files waiting for an operator: none")
+        return
+    table = Table(
+        title=f"Files waiting for an operator ({len(stuck.items)} of {stuck.total}, oldest first)",
+        box=box.SIMPLE_HEAD,
+    )
+    table.add_column("file", justify="right")
+    table.add_column("current job (replay --job)", no_wrap=True)
+    table.add_column("status")
+    table.add_column("reason")
+    for item in stuck.items:
+        table.add_row(
+            str(item.file_id),
+            str(item.job_id),
+            f"{item.file_status}\njob {item.job_status}",
+            escape(item.reason),
+        )
+    console.print(table)
+    console.print(
+        "Review one: mailroom review show FILE; replay: mailroom recognition replay --job"
+    )
+
+
 def _ordered(known: tuple[str, ...], seen: set[str]) -> list[str]:
     return [*known, *sorted(seen - set(known))]
 
@@ -119,11 +206,22 @@ def _age(age: timedelta) -> str:
 
 
 @app.command()
-def status() -> None:
-    """Job counts per status and pipeline, file counts, the oldest unacked request."""
+def status(
+    limit: int = typer.Option(20, "--limit", min=0, help="Most stuck or failed files listed."),
+) -> None:
+    """Job and file counts, then the files that wait for an operator and why.
+
+    Each listed file shows its current job id, which ``replay --job`` takes.
+    """
     settings = Settings()
-    result = asyncio.run(_with_session(settings, read_status))
-    render_status(result, Console())
+
+    async def read(session: AsyncSession) -> tuple[RecognitionStatus, StuckFiles]:
+        return await read_status(session), await read_stuck(session, limit)
+
+    result, stuck = asyncio.run(_with_session(settings, read))
+    console = Console()
+    render_status(result, console)
+    render_stuck(stuck, console)
 
 
 @app.command()

@@ -1,7 +1,8 @@
-"""``mailroom status``: one screen (or JSON) of where every store stands.
+"""``mailroom status``: one screen (or JSON) of where every store and link stands.
 
-Part of the CLI layer: it reads Postgres, Redis, the queue names of ``actors``
-and the leader lock of ``scheduling``.
+Part of the CLI layer: it reads Postgres, Redis (the broker's and the stream's),
+NATS JetStream, the object store, the queue names of ``actors`` and the leader
+lock of ``scheduling``. Readable at 80 columns.
 """
 
 from __future__ import annotations
@@ -11,14 +12,19 @@ import json
 from typing import Any
 
 import redis.asyncio as aioredis
+from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from actors.queues import ALL as QUEUES
 from mailroom.adapters.redis_client import CLI_REDIS_ATTEMPTS, async_client
+from mailroom.attention import NEEDS_OPERATOR, STAGES, format_age, needs_operator, oldest_per_stage
+from mailroom.cli.status_links import jetstream_state, object_store_state
 from mailroom.db import create_engine, create_sessionmaker, database_url, libpq_dsn
+from mailroom.delivery.status import stream_state
 from mailroom.models import ChannelMessage, InboundMail, MailboxCursor, RecognitionJob, StoredFile
 from mailroom.recognition.violations import CONTRACT_ERROR_CODES
 from mailroom.settings import Settings
@@ -26,7 +32,7 @@ from scheduling.leader import current_leader
 
 
 async def collect_status(settings: Settings) -> dict[str, Any]:
-    """Counts per status in Postgres, queue and stream state in Redis, the scheduler leader."""
+    """Counts per status, what needs an operator, the oldest item per stage, every link."""
     report: dict[str, Any] = {}
     engine = create_engine(settings.database)
     try:
@@ -54,18 +60,14 @@ async def collect_status(settings: Settings) -> dict[str, Any]:
                 for m, f, uid, err in blocked.all()
             ]
             report["contract_violations"] = await _contract_violations(session)
+            # Final items waiting for a person; superseded attempts are history, not work.
+            report["stopped"] = await needs_operator(session)
+            report["oldest_s"] = await oldest_per_stage(session)
     finally:
         await engine.dispose()
-    report["stopped"] = {
-        "jobs_dlq": report["jobs"].get("dlq", 0),
-        "jobs_timeout": report["jobs"].get("timeout", 0),
-        "jobs_error": report["jobs"].get("error", 0),
-        "messages_failed": report["messages"].get("failed", 0),
-        "messages_partial_failed": report["messages"].get("partial_failed", 0),
-        "messages_uncertain": report["messages"].get("uncertain", 0),
-        "cursors_blocked": report["cursors"].get("blocked", 0),
-    }
     report.update(await _redis_status(settings))
+    report["jetstream"] = await jetstream_state(settings)
+    report["object_store"] = await object_store_state(settings)
     report["scheduler_leader"] = await asyncio.to_thread(_leader, settings)
     return report
 
@@ -88,7 +90,9 @@ async def _contract_violations(session: AsyncSession) -> list[dict[str, Any]]:
 
 
 async def _redis_status(settings: Settings) -> dict[str, Any]:
-    client = async_client(
+    """Dramatiq's queues on the broker's Redis; the delivery stream on its own Redis."""
+    report: dict[str, Any] = {"queues": {}, "stream": {}}
+    broker = async_client(
         settings.broker_redis_url,
         settings.redis,
         attempts=CLI_REDIS_ATTEMPTS,
@@ -96,34 +100,33 @@ async def _redis_status(settings: Settings) -> dict[str, Any]:
     )
     namespace = settings.broker.namespace
     try:
-        queues = {}
         for queue in QUEUES:
-            queues[queue] = {
-                "ready": await client.llen(f"{namespace}:{queue}"),
-                "delayed": await client.llen(f"{namespace}:{queue}.DQ"),
+            report["queues"][queue] = {
+                "ready": await broker.llen(f"{namespace}:{queue}"),
+                "delayed": await broker.llen(f"{namespace}:{queue}.DQ"),
                 # A message that failed after a delay is dead-lettered under the delay queue.
-                "dead": await client.zcard(f"{namespace}:{queue}.XQ")
-                + await client.zcard(f"{namespace}:{queue}.DQ.XQ"),
+                "dead": await broker.zcard(f"{namespace}:{queue}.XQ")
+                + await broker.zcard(f"{namespace}:{queue}.DQ.XQ"),
             }
-        stream_key = settings.delivery.stream_key
-        stream: dict[str, Any] = {"length": await client.xlen(stream_key)}
-        try:
-            groups = await client.xinfo_groups(stream_key)
-        except aioredis.ResponseError:
-            groups = []
-        for group in groups:
-            if group.get("name") == settings.delivery.consumer_group:
-                stream["pending"] = group.get("pending")
-                stream["lag"] = group.get("lag")
-                consumers = await client.xinfo_consumers(stream_key, group["name"])
-                stream["consumers"] = {
-                    c["name"]: {"pending": c["pending"], "idle_ms": c["idle"]} for c in consumers
-                }
-        return {"queues": queues, "stream": stream}
     except aioredis.ConnectionError as exc:
-        return {"queues": {}, "stream": {}, "redis_error": str(exc)}
+        report["redis_error"] = str(exc)
     finally:
-        await client.aclose()
+        await broker.aclose()
+    stream = async_client(settings.stream_redis_url, settings.redis, attempts=CLI_REDIS_ATTEMPTS)
+    try:
+        state = await stream_state(stream, settings.delivery)
+        report["stream"] = {
+            "key": settings.delivery.stream_key,
+            "length": state.length,
+            "pending": state.pending,
+            "consumers": state.consumers,
+            "group": settings.delivery.consumer_group if state.group_exists else None,
+        }
+    except aioredis.ConnectionError as exc:
+        report["stream_error"] = str(exc)
+    finally:
+        await stream.aclose()
+    return report
 
 
 def _leader(settings: Settings) -> str | None:
@@ -132,47 +135,111 @@ def _leader(settings: Settings) -> str | None:
     )
 
 
-def print_status(settings: Settings, *, as_json: bool = False) -> None:
+def print_status(
+    settings: Settings, *, as_json: bool = False, console: Console | None = None
+) -> None:
     report = asyncio.run(collect_status(settings))
     if as_json:
         print(json.dumps(report, indent=2, default=str))
         return
-    console = Console()
-    counts = Table(title="Counts per status")
+    console = console or Console()
+    _print_work(report, console)
+    _print_links(report, console)
+
+
+def _print_work(report: dict[str, Any], console: Console) -> None:
+    counts = Table(title="Counts per status", box=box.SIMPLE_HEAD)
     counts.add_column("store")
-    counts.add_column("status")
-    counts.add_column("count", justify="right")
+    counts.add_column("status: count")
     for store in ("mails", "files", "jobs", "messages", "cursors"):
-        for status, count in sorted(report[store].items()):
-            counts.add_row(store, status, str(count))
+        cells = ", ".join(f"{status} {count}" for status, count in sorted(report[store].items()))
+        counts.add_row(store, cells or "-")
     console.print(counts)
-    stopped = Table(title="Stopped work (needs an operator)")
-    stopped.add_column("where")
+
+    stopped = Table(title="Needs an operator (current items only)", box=box.SIMPLE_HEAD)
+    stopped.add_column("item")
     stopped.add_column("count", justify="right")
+    stopped.add_column("what to do")
     for name, count in report["stopped"].items():
-        stopped.add_row(name, str(count), style="bold red" if count else None)
+        hint = NEEDS_OPERATOR.get(name, "") if count else ""
+        stopped.add_row(name, str(count), hint, style="bold red" if count else None)
     console.print(stopped)
+
+    oldest = Table(title="Oldest item per stage", box=box.SIMPLE_HEAD)
+    oldest.add_column("stage")
+    oldest.add_column("oldest", justify="right")
+    oldest.add_column("counts items that are")
+    for stage, seconds in report["oldest_s"].items():
+        oldest.add_row(stage, format_age(seconds), STAGES[stage])
+    console.print(oldest)
+
     if report["blocked_cursors"]:
-        blocked = Table(title="Blocked mailboxes")
+        blocked = Table(title="Blocked mailboxes", box=box.SIMPLE_HEAD)
         for column in ("mailbox", "folder", "uid", "error"):
             blocked.add_column(column)
         for row in report["blocked_cursors"]:
-            blocked.add_row(row["mailbox"], row["folder"], str(row["uid"]), row["error"])
+            blocked.add_row(
+                escape(row["mailbox"]), escape(row["folder"]), str(row["uid"]), escape(row["error"])
+            )
         console.print(blocked)
     if report["contract_violations"]:
-        violations = Table(title="Recognition answers off the contract (jobs ended as error)")
+        violations = Table(
+            title="Answers off the contract (jobs ended as error)", box=box.SIMPLE_HEAD
+        )
         for column in ("service", "code", "jobs", "last"):
             violations.add_column(column)
         for row in report["contract_violations"]:
-            violations.add_row(row["service"], row["code"], str(row["jobs"]), str(row["last"]))
+            last = row["last"].strftime("%Y-%m-%d %H:%M") if row["last"] else ""
+            violations.add_row(escape(row["service"]), row["code"], str(row["jobs"]), last)
         console.print(violations)
-    queues = Table(title="Dramatiq queues")
+
+
+def _print_links(report: dict[str, Any], console: Console) -> None:
+    queues = Table(title="Dramatiq queues", box=box.SIMPLE_HEAD)
     for column in ("queue", "ready", "delayed", "dead letters"):
-        queues.add_column(column)
+        queues.add_column(column, justify="left" if column == "queue" else "right")
     for queue, depth in report["queues"].items():
         queues.add_row(queue, str(depth["ready"]), str(depth["delayed"]), str(depth["dead"]))
     console.print(queues)
-    console.print(f"delivery stream: {report['stream']}")
     if "redis_error" in report:
-        console.print(f"[red]redis unavailable: {report['redis_error']}[/]")
-    console.print(f"scheduler leader: {report['scheduler_leader'] or 'none'}")
+        console.print(f"[red]broker Redis unavailable:[/] {escape(report['redis_error'])}")
+    console.print(_stream_line(report))
+    console.print(_jetstream_line(report["jetstream"]))
+    console.print(_object_store_line(report["object_store"]))
+    console.print(f"scheduler leader: {escape(report['scheduler_leader'] or 'none')}")
+
+
+def _stream_line(report: dict[str, Any]) -> str:
+    if "stream_error" in report:
+        return f"delivery stream: [red]Redis unavailable:[/] {escape(report['stream_error'])}"
+    stream = report["stream"]
+    group = stream["group"] or "not created yet"
+    return (
+        f"delivery stream {escape(stream['key'])}: {stream['length']} entries, "
+        f"{stream['pending']} read and not acknowledged, {stream['consumers']} bridge(s) "
+        f"(group {escape(group)})"
+    )
+
+
+def _jetstream_line(state: dict[str, Any]) -> str:
+    if not state["enabled"]:
+        return "JetStream: off (core NATS: no stream to show)"
+    name = escape(state["stream_name"])
+    if "error" in state:
+        return f"JetStream stream {name}: [red]{escape(state['error'])}[/]"
+    stream = state["stream"]
+    line = f"JetStream stream {name}: {stream['messages']} messages, {stream['bytes']} bytes"
+    consumer = state.get("consumer")
+    if consumer is None:
+        return line + "; consumer not created yet (the NATS bridge creates it)"
+    return line + (
+        f"; consumer {escape(consumer['name'])}: {consumer['pending']} pending, "
+        f"{consumer['ack_pending']} ack pending, {consumer['redelivered']} redelivered"
+    )
+
+
+def _object_store_line(state: dict[str, Any]) -> str:
+    where = f"object store ({state['kind']}, {escape(state['where'])})"
+    if state["reachable"]:
+        return f"{where}: reachable"
+    return f"{where}: [red]unreachable:[/] {escape(state.get('error', ''))}"

@@ -1,12 +1,13 @@
-"""Read-only views for operators: counts per status and channel, and the stream's state."""
+"""Read-only views for operators: counts per status and channel, stuck messages, the stream."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
 import redis.asyncio as aioredis
 import redis.exceptions
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from mailroom.models import ChannelMessage
@@ -46,3 +47,64 @@ async def stream_state(client: aioredis.Redis, settings: DeliverySettings) -> St
         if name == settings.consumer_group:
             return StreamState(length, int(group["pending"]), int(group["consumers"]), True)
     return StreamState(length, 0, 0, False)
+
+
+@dataclass(frozen=True)
+class StuckMessage:
+    id: int
+    channel: str
+    account: str
+    status: str
+    attempts: int
+    reason: str
+    since: datetime
+
+
+#: Longest reason kept for a stuck message, in characters.
+REASON_CHARS = 160
+
+# Final failures wait for an operator; a send older than stale_after_s is stuck until
+# the stale sweep recovers it.
+_STUCK_WHERE = """
+FROM channel_message
+WHERE status IN ('failed', 'partial_failed', 'uncertain')
+   OR (status = 'sending' AND sending_since < now() - make_interval(secs => :stale_s))
+"""
+
+
+async def stuck_messages(
+    session: AsyncSession, settings: DeliverySettings, *, limit: int
+) -> tuple[list[StuckMessage], int]:
+    """Failed, uncertain and overdue messages, oldest first, and how many there are in all."""
+    params = {"stale_s": settings.stale_after_s, "limit": limit}
+    total = int(await session.scalar(text("SELECT count(*) " + _STUCK_WHERE), params) or 0)
+    rows = await session.execute(
+        text(
+            "SELECT id, channel, account, status, attempts, last_error, "
+            "COALESCE(sending_since, created_at) AS since "
+            + _STUCK_WHERE
+            + " ORDER BY since, id LIMIT :limit"
+        ),
+        params,
+    )
+    items = [
+        StuckMessage(
+            id=row.id,
+            channel=row.channel,
+            account=row.account,
+            status=row.status,
+            attempts=row.attempts,
+            reason=_reason(row.status, row.last_error),
+            since=row.since,
+        )
+        for row in rows
+    ]
+    return items, total
+
+
+def _reason(status: str, last_error: str | None) -> str:
+    if status == "sending":
+        return "sending for longer than stale_after_s (the stale sweep will recover it)"
+    if status == "uncertain" and not last_error:
+        return "a send may or may not have arrived; replay sends it again"
+    return (last_error or status).replace("\n", " ")[:REASON_CHARS]
