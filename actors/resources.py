@@ -92,18 +92,10 @@ class Resources:
 
         client = await self.redis()
 
-        sessions = await self.sessions()
-
         async def build() -> ChannelOutbound:
-            from mailroom.config_store.effective import RuntimeAccounts
-            from mailroom.config_store.secrets import Cipher
-
             delivery = self.settings.delivery
-            key = self.settings.runtime_config.key.get_secret_value()
             return ChannelOutbound(
-                delivery,
-                redis=DeliveryRedis(client, stream_key=delivery.stream_key),
-                accounts=RuntimeAccounts(sessions, delivery, Cipher(key)),
+                delivery, redis=DeliveryRedis(client, stream_key=delivery.stream_key)
             )
 
         async def close(outbound: ChannelOutbound) -> None:
