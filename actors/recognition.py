@@ -18,7 +18,7 @@ from actors.resources import current
 from actors.retry_policy import RetryPolicy
 from actors.sending import send_each_off_loop, send_off_loop
 from mailroom.errors import NatsPublishFailed, NatsUnavailable
-from mailroom.recognition import inbox, mapping, outbox, watchdog
+from mailroom.recognition import gate, inbox, mapping, outbox, watchdog
 from mailroom.recognition.finality import short_repr
 from mailroom.recognition.inbox_messages import InboxMessage
 
@@ -42,17 +42,23 @@ async def on_mails_final(mail_ids: Iterable[int]) -> None:
 async def publish_recognition_requests() -> None:
     """One outbox pass: publish queued jobs, republish unacked ones (ARCHITECTURE.md, Recognition)."""
     resources = current()
+    settings = resources.settings
+    sessions = await resources.sessions()
     try:
         publisher = await resources.nats()
     except NatsUnavailable as exc:
+        # NOTE: the gate records the outage, so the watchdog holds these jobs too.
+        await gate.check_gate(sessions, recognition=settings.recognition, nats_error=str(exc))
         logger.warning("Outbox pass skipped: %s", exc)
         return
-    settings = resources.settings
+    nats_error = None if publisher.is_connected else "no NATS connection"
+    state = await gate.check_gate(sessions, recognition=settings.recognition, nats_error=nats_error)
     result = await outbox.publish_recognition_requests(
-        await resources.sessions(),
+        sessions,
         publisher,
         nats=settings.nats,
         recognition=settings.recognition,
+        held=state.held,
     )
     await on_mails_final(result.finalized_mail_ids)
     if result.error is not None:
@@ -169,11 +175,21 @@ async def map_recognition_result(job_id: str) -> None:
 
 @dramatiq.actor(queue_name=queues.MAINTENANCE, retry_policy=RetryPolicy(max_attempts=1))
 async def expire_recognition_deadlines() -> None:
-    """Time out jobs past their reply deadline."""
+    """Time out jobs past their reply deadline, but none while its health gate is closed."""
     resources = current()
+    sessions = await resources.sessions()
+    try:
+        nats = await resources.nats()
+        nats_error = None if nats.is_connected else "no NATS connection"
+    except NatsUnavailable as exc:
+        nats_error = str(exc)
+    state = await gate.check_gate(
+        sessions, recognition=resources.settings.recognition, nats_error=nats_error
+    )
     result = await watchdog.expire_recognition_deadlines(
-        await resources.sessions(),
+        sessions,
         batch_size=resources.settings.recognition.watchdog_batch_size,
+        held=state.held,
     )
     await on_mails_final(result.finalized_mail_ids)
 

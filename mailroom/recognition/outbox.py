@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -44,7 +45,9 @@ logger = logging.getLogger(__name__)
 _COUNT = republish_count_sql("j.metrics")
 
 # Candidates: queued, or published with no ack for ack_timeout times (republishes + 1), while
-# the reply deadline has not passed (the watchdog owns those).
+# the reply deadline has not passed (the watchdog owns those) and the health gate of the
+# pipeline is open (gate.py). The no-ack window runs from ``republish_from`` once a reopened
+# gate refreshed the job, else from the first publish.
 _CLAIM = text(
     f"""
     SELECT j.id, j.file_id, j.pipeline, j.status, j.attempt, j.reply_deadline,
@@ -56,7 +59,9 @@ _CLAIM = text(
      WHERE j.status = 'queued'
         OR (j.status = 'published'
             AND j.reply_deadline > :now
-            AND j.published_at <= :now - make_interval(secs => :ack_timeout_s * ({_COUNT} + 1)))
+            AND j.pipeline <> ALL(CAST(:held AS text[]))
+            AND COALESCE(CAST(j.metrics ->> 'republish_from' AS timestamptz), j.published_at)
+                <= :now - make_interval(secs => :ack_timeout_s * ({_COUNT} + 1)))
      ORDER BY j.requested_at, j.id
      LIMIT :limit
        FOR UPDATE OF j SKIP LOCKED
@@ -148,8 +153,12 @@ async def publish_recognition_requests(
     recognition: RecognitionSettings,
     now: datetime | None = None,
     limit: int | None = None,
+    held: Collection[str] = (),
 ) -> OutboxPass:
-    """Run one outbox pass over at most ``limit`` (default: the batch size setting) jobs."""
+    """Run one outbox pass over at most ``limit`` (default: the batch size setting) jobs.
+
+    ``held``: pipelines whose health gate is closed; their jobs get first publishes only.
+    """
     limit = limit or recognition.publish_batch_size
     outcome = OutboxPass(limit=limit)
     if not publisher.is_connected:
@@ -162,7 +171,12 @@ async def publish_recognition_requests(
         rows = (
             await session.execute(
                 _CLAIM,
-                {"now": now, "ack_timeout_s": recognition.ack_timeout_s, "limit": limit},
+                {
+                    "now": now,
+                    "ack_timeout_s": recognition.ack_timeout_s,
+                    "limit": limit,
+                    "held": sorted(held),
+                },
             )
         ).all()
         outcome.claimed = len(rows)

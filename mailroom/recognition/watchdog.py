@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -37,6 +38,7 @@ _EXPIRE = text(
     WITH due AS (
         SELECT id FROM recognition_job
          WHERE status IN ('published', 'processing') AND reply_deadline < :now
+           AND pipeline <> ALL(CAST(:held AS text[]))
          ORDER BY reply_deadline
          LIMIT :limit
            FOR UPDATE SKIP LOCKED
@@ -75,11 +77,15 @@ async def expire_recognition_deadlines(
     *,
     now: datetime | None = None,
     batch_size: int = DEFAULT_BATCH_SIZE,
+    held: Collection[str] = (),
 ) -> WatchdogPass:
-    """Time out every job past its reply deadline, ``batch_size`` per transaction."""
+    """Time out every job past its reply deadline, ``batch_size`` per transaction.
+
+    ``held``: pipelines whose health gate is closed (gate.py); none of their jobs times out.
+    """
     outcome = WatchdogPass()
     while True:
-        batch = await _expire_batch(sessions, now=now, limit=batch_size)
+        batch = await _expire_batch(sessions, now=now, limit=batch_size, held=sorted(held))
         outcome.timed_out += batch.timed_out
         outcome.finalized_mail_ids += batch.finalized_mail_ids
         # NOTE: a short batch means nothing more is due that is not locked by someone else.
@@ -89,12 +95,16 @@ async def expire_recognition_deadlines(
 
 
 async def _expire_batch(
-    sessions: async_sessionmaker[AsyncSession], *, now: datetime | None, limit: int
+    sessions: async_sessionmaker[AsyncSession],
+    *,
+    now: datetime | None,
+    limit: int,
+    held: list[str],
 ) -> WatchdogPass:
     outcome = WatchdogPass()
     async with sessions() as session, session.begin():
         now = now or await db_now(session)
-        params = {"now": now, "reason": TIMEOUT_REASON, "limit": limit}
+        params = {"now": now, "reason": TIMEOUT_REASON, "limit": limit, "held": held}
         rows = (await session.execute(_EXPIRE, params)).all()
         outcome.timed_out = [row.id for row in rows]
         mail_ids = {row.mail_id for row in rows if row.mail_id is not None}
