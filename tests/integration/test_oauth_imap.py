@@ -4,6 +4,7 @@ Dovecot's oauth2 passdb takes the same tokens."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -78,9 +79,10 @@ async def test_token_is_cached_then_refreshed_after_expiry(
     folder = new_folder(oauth_imap_server)
     settings = oauth_mailbox(oauth_imap_server, folder, token_endpoint)
 
+    # Two connections log in at once, each from its own thread: one request between them.
+    await asyncio.gather(read_uids(settings), read_uids(settings))
     await read_uids(settings)
-    await read_uids(settings)
-    assert len(token_endpoint.requests) == 1, "two logins, one token"
+    assert len(token_endpoint.requests) == 1, "three logins, one token"
 
     clock.now += 3600 - 60 + 1  # expires_in 3600, renewed 60 s before
     await read_uids(settings)
