@@ -33,11 +33,13 @@ async def _deliverer() -> Deliverer:
     deliverer = _deliverers.get(resources)
     if deliverer is None:
         settings = resources.settings.delivery
+        outbound = await resources.channels()
         deliverer = _deliverers[resources] = Deliverer(
             sessions=await resources.sessions(),
             redis=DeliveryRedis(await resources.redis(), stream_key=settings.stream_key),
-            outbound=await resources.channels(),
+            outbound=outbound,
             settings=settings,
+            refresh_accounts=outbound.refresh,
         )
     return deliverer
 

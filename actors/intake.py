@@ -12,8 +12,20 @@ from actors.recognition import publish_recognition_requests
 from actors.resources import current
 from actors.retry_policy import RetryPolicy
 from mailroom.adapters.imap import ImapMailbox
+from mailroom.config_store import effective
 from mailroom.intake.poll import IntakeDeps
 from mailroom.intake.poll import poll_mailbox as poll
+from mailroom.settings import IntakeSettings
+
+
+async def _intake_settings() -> IntakeSettings:
+    """The intake settings with the mailboxes of the environment and the table, as of now."""
+    resources = current()
+    return await effective.intake_settings(
+        await resources.sessions(),
+        resources.settings.intake,
+        resources.settings.runtime_config.key.get_secret_value(),
+    )
 
 
 async def _nudge_publisher() -> None:
@@ -27,13 +39,15 @@ async def _nudge_publisher() -> None:
 async def poll_mailbox(mailbox: str) -> None:
     """Read new mail of one configured mailbox (ARCHITECTURE.md, Intake)."""
     resources = current()
+    sessions = await resources.sessions()
+    intake = await _intake_settings()
     deps = IntakeDeps(
-        sessions=await resources.sessions(),
+        sessions=sessions,
         store=await resources.store(),
         connect=ImapMailbox,
         nudge=_nudge_publisher,
     )
-    outcome = await poll(str(mailbox), settings=resources.settings.intake, deps=deps)
+    outcome = await poll(str(mailbox), settings=intake, deps=deps)
     result = outcome.result
     if result is not None and result.ingested:
         # A mail with nothing to recognize is final at once: let its notification go out now
@@ -43,3 +57,12 @@ async def poll_mailbox(mailbox: str) -> None:
         # Mail came in: look again at once — with IDLE on, the next poll
         # waits for the next mail instead of the scheduler's next tick.
         await asyncio.to_thread(poll_mailbox.send, mailbox)
+
+
+# One attempt: the scheduler sends the next one within a poll interval.
+@dramatiq.actor(queue_name=queues.INTAKE, retry_policy=RetryPolicy(max_attempts=1))
+async def poll_mailboxes() -> None:
+    """Send ``poll_mailbox`` for each enabled mailbox (the environment's and the table's)."""
+    intake = await _intake_settings()
+    names = [mailbox.name for mailbox in intake.mailboxes if mailbox.enabled]
+    await asyncio.to_thread(lambda: [poll_mailbox.send(name) for name in names])

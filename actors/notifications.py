@@ -9,6 +9,7 @@ from actors.resources import current
 from actors.retry_policy import RetryPolicy
 from actors.sending import send_off_loop
 from mailroom import notifications
+from mailroom.config_store import effective
 
 
 @dramatiq.actor(queue_name=queues.MAPPING, retry_policy=RetryPolicy(max_attempts=10))
@@ -18,7 +19,11 @@ async def notify_final_mails() -> None:
     _, more = await notifications.notify_final_mails(
         sessions=await resources.sessions(),
         redis=await resources.redis(),
-        settings=resources.settings.delivery,
+        settings=await effective.delivery_routes(
+            await resources.sessions(),
+            resources.settings.delivery,
+            resources.settings.runtime_config.key.get_secret_value(),
+        ),
     )
     if more:
         await send_off_loop(notify_final_mails)

@@ -92,10 +92,18 @@ class Resources:
 
         client = await self.redis()
 
+        sessions = await self.sessions()
+
         async def build() -> ChannelOutbound:
+            from mailroom.config_store.effective import RuntimeAccounts
+            from mailroom.config_store.secrets import Cipher
+
             delivery = self.settings.delivery
+            key = self.settings.runtime_config.key.get_secret_value()
             return ChannelOutbound(
-                delivery, redis=DeliveryRedis(client, stream_key=delivery.stream_key)
+                delivery,
+                redis=DeliveryRedis(client, stream_key=delivery.stream_key),
+                accounts=RuntimeAccounts(sessions, delivery, Cipher(key)),
             )
 
         async def close(outbound: ChannelOutbound) -> None:

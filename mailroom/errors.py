@@ -179,6 +179,14 @@ class UnknownAccount(PermanentError):
     """The channel has no account of that name in the settings."""
 
 
+class AccountUnusable(PermanentError):
+    """The channel account is disabled, or its stored configuration cannot be read."""
+
+
+class RuntimeConfigInvalid(PermanentError):
+    """A runtime configuration row (mailbox, account, route) is refused or cannot be read."""
+
+
 class ChannelRejected(PermanentError):
     """The channel's provider refused the message."""
 

@@ -625,6 +625,18 @@ class DeliverySettings(StrictModel):
         return self
 
 
+class RuntimeConfigSettings(StrictModel):
+    """Mailboxes, channel accounts and routes kept in Postgres (``mailroom mailboxes|accounts|routes``)."""
+
+    #: Fernet key (urlsafe base64 of 32 bytes) that encrypts the secrets of those rows;
+    #: needed to store or read a row with a secret. Several, comma-separated: the first
+    #: encrypts, all decrypt (rotation).
+    key: SecretStr = SecretStr("")
+    #: Copy the environment's mailboxes, accounts and routes into the table at start
+    #: (rows an operator changed are left alone).
+    seed: bool = True
+
+
 class RetentionSettings(StrictModel):
     """The retention pass (a mailbox's ``retention_days``) and object deletion after erase."""
 
@@ -695,6 +707,7 @@ class Settings(BaseSettings):
     delivery: DeliverySettings = DeliverySettings()
     scheduler: SchedulerSettings = SchedulerSettings()
     retention: RetentionSettings = RetentionSettings()
+    runtime_config: RuntimeConfigSettings = RuntimeConfigSettings()
     sentry: SentrySettings = SentrySettings()
     metrics: MetricsSettings = MetricsSettings()
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 
 from mailroom.settings import Settings
 
@@ -21,15 +20,9 @@ def job_table(settings: Settings) -> list[PeriodicJob]:
     from actors import delivery, intake, notifications, recognition, retention, system
 
     every = settings.scheduler
-    jobs = [
-        PeriodicJob(
-            f"poll_mailbox:{mailbox.name}",
-            every.poll_interval_s,
-            partial(intake.poll_mailbox.send, mailbox.name),
-        )
-        for mailbox in settings.intake.mailboxes
-        if mailbox.enabled
-    ]
+    # One job for every mailbox: its actor reads the mailboxes of the environment and of the
+    # table at each pass, so one added or disabled at runtime counts from the next pass.
+    jobs = [PeriodicJob("poll_mailboxes", every.poll_interval_s, intake.poll_mailboxes.send)]
     jobs += [
         PeriodicJob(
             "outbox_sweep",

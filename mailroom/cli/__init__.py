@@ -20,6 +20,7 @@ from mailroom.cli import (
     recognition,
     recognizer,
     review,
+    runtime_config,
 )
 from mailroom.settings import Settings
 
@@ -35,6 +36,9 @@ app.add_typer(recognizer.app, name="recognizer")
 app.add_typer(review.app, name="review")
 app.add_typer(delivery.app, name="delivery")
 app.add_typer(dead_letters.app, name="dead-letters")
+app.add_typer(runtime_config.mailboxes_app, name="mailboxes")
+app.add_typer(runtime_config.accounts_app, name="accounts")
+app.add_typer(runtime_config.routes_app, name="routes")
 app.command("notify")(delivery.notify)
 app.command("dev")(dev.dev)
 
@@ -75,6 +79,10 @@ def migrate() -> None:
         typer.echo(f"mailroom: migrate: {exc}. Nothing was applied; try again.", err=True)
         raise typer.Exit(1) from None
     typer.echo("database is at head")
+    if settings.runtime_config.seed:
+        seeded = runtime_config.seed_from_settings(settings)
+        if seeded.written:
+            typer.echo(f"seeded from the environment: {', '.join(seeded.written)}")
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

@@ -26,7 +26,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
@@ -102,6 +102,8 @@ class Deliverer:
     settings: DeliverySettings
     owner: LockOwner = field(default_factory=process_owner)
     rng: random.Random = field(default_factory=random.Random)
+    #: Reloads the channel accounts if their rows changed, once per batch (None: fixed).
+    refresh_accounts: Callable[[], Awaitable[None]] | None = None
 
     async def deliver(self, message_id: int) -> Outcome:
         """Deliver ``message_id``; raises ``DeliveryDeferred`` when it should run again later.
@@ -137,6 +139,9 @@ class Deliverer:
         return result
 
     async def _deliver_many(self, message_ids: list[int], result: BatchResult) -> None:
+        if self.refresh_accounts is not None:
+            # Before any lock or claim: a failure here leaves the whole batch to run again.
+            await self.refresh_accounts()
         token, ttl_ms = self.owner.token, self.settings.lock_ttl_ms
 
         async def renew(ids: list[int]) -> set[int]:

@@ -14,12 +14,15 @@ import logging
 import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from mailroom.adapters.redis import DeliveryRedis
 from mailroom.delivery.ports import Envelope, Send
-from mailroom.errors import UnknownChannel
+from mailroom.errors import AccountUnusable, UnknownChannel
 from mailroom.settings import DeliverySettings
+
+if TYPE_CHECKING:
+    from mailroom.config_store.effective import RuntimeAccounts
 
 logger = logging.getLogger(__name__)
 
@@ -82,18 +85,50 @@ class ChannelOutbound:
     a settings change, or a provider's credentials rotated) and closes its channel.
     """
 
-    def __init__(self, settings: DeliverySettings, *, redis: DeliveryRedis | None = None) -> None:
+    def __init__(
+        self,
+        settings: DeliverySettings,
+        *,
+        redis: DeliveryRedis | None = None,
+        accounts: RuntimeAccounts | None = None,
+    ) -> None:
         from mailroom.adapters.channels.middleware import default_middleware
 
         self.settings = settings
         self.redis = redis
         self.middleware_factories = default_middleware()
         self._chains: dict[tuple[str, str], tuple[Channel, Send]] = {}
+        #: The table of channel accounts (``mailroom accounts``); None: the settings only.
+        self.accounts = accounts
+        #: ``channel:account`` -> why it cannot send (disabled, broken row).
+        self._unusable: dict[str, str] = {}
+        self._rows: frozenset[str] = frozenset()
+
+    async def refresh(self) -> None:
+        """Take the table's accounts when a row changed; chains of changed rows are rebuilt."""
+        if self.accounts is None:
+            return
+        snapshot = await self.accounts.changed()
+        if snapshot is None:
+            return
+        # Any row may have changed: drop the chains of every account the table names.
+        stale = self._rows | snapshot.names
+        self.settings, self._unusable, self._rows = (
+            snapshot.settings,
+            snapshot.unusable,
+            snapshot.names,
+        )
+        for channel, account in list(self._chains):
+            if f"{channel}:{account}" in stale:
+                await self.invalidate(channel, account)
 
     def sender(self, channel: str, account: str) -> Send:
         key = (channel, account)
         cached = self._chains.get(key)
         if cached is None:
+            unusable = self._unusable.get(f"{channel}:{account}")
+            if unusable is not None:
+                raise AccountUnusable(unusable)
             instance = plugin(channel).factory(account, self.settings)
             send: Send = instance.send
             for factory in reversed(self.middleware_factories):

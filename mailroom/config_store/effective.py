@@ -1,0 +1,148 @@
+"""What each reader uses: the environment's entries overlaid by the table's rows.
+
+A row wins over the environment entry of the same name; a disabled row turns
+its entry off. A row that cannot be read (bad secret, refused config) is logged
+and, for accounts, kept as the reason its messages fail.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionmaker
+
+from mailroom.config_store import kinds, rows
+from mailroom.config_store.secrets import Cipher
+from mailroom.errors import RuntimeConfigInvalid
+from mailroom.settings import (
+    DeliverySettings,
+    EmailAccount,
+    IntakeSettings,
+    MailboxSettings,
+    NotificationRoute,
+    WebhookAccount,
+)
+
+logger = logging.getLogger(__name__)
+
+Db = AsyncSession | AsyncConnection
+
+
+def env_route_name(index: int) -> str:
+    """The row name of the environment's route number ``index`` (0-based)."""
+    return f"settings-{index + 1}"
+
+
+async def mailboxes(db: Db, intake: IntakeSettings, cipher: Cipher) -> list[MailboxSettings]:
+    """Every mailbox, enabled or not (a disabled one is polled as ``disabled``)."""
+    found = {mailbox.name: mailbox for mailbox in intake.mailboxes}
+    for row in await rows.rows_of(db, "mailbox"):
+        try:
+            model = kinds.from_row("mailbox", row.name, row.config, cipher, delivery=_NO_DELIVERY)
+        except RuntimeConfigInvalid as exc:
+            logger.warning("Mailbox row %r is not used: %s", row.name, exc)
+            found.pop(row.name, None)
+            continue
+        assert isinstance(model, MailboxSettings)
+        found[row.name] = model.model_copy(update={"enabled": model.enabled and row.enabled})
+    return list(found.values())
+
+
+async def routes(db: Db, delivery: DeliverySettings, cipher: Cipher) -> list[NotificationRoute]:
+    """The enabled routes: the environment's (named ``settings-N``) and the table's."""
+    found: dict[str, NotificationRoute | None] = {
+        env_route_name(index): route for index, route in enumerate(delivery.routes)
+    }
+    for row in await rows.rows_of(db, "route"):
+        try:
+            model = kinds.from_row("route", row.name, row.config, cipher, delivery=delivery)
+        except RuntimeConfigInvalid as exc:
+            logger.warning("Route row %r is not used: %s", row.name, exc)
+            found[row.name] = None
+            continue
+        assert isinstance(model, NotificationRoute)
+        found[row.name] = model if row.enabled else None
+    return [route for route in found.values() if route is not None]
+
+
+@dataclass(frozen=True)
+class Accounts:
+    """The delivery settings with the table's accounts, and why unusable accounts are."""
+
+    settings: DeliverySettings
+    #: ``channel:account`` -> why its messages fail (disabled, broken row).
+    unusable: dict[str, str] = field(default_factory=dict)
+    #: ``channel:account`` of every row, for invalidating chains whose row changed.
+    names: frozenset[str] = frozenset()
+
+
+async def accounts(db: Db, delivery: DeliverySettings, cipher: Cipher) -> Accounts:
+    webhook = dict(delivery.webhook_accounts)
+    email = dict(delivery.email_accounts)
+    unusable: dict[str, str] = {}
+    names = set()
+    for row in await rows.rows_of(db, "account"):
+        names.add(row.name)
+        channel, _, account = row.name.partition(":")
+        (webhook if channel == "webhook" else email).pop(account, None)
+        if not row.enabled:
+            unusable[row.name] = f"account {row.name!r} is disabled"
+            continue
+        try:
+            model = kinds.from_row("account", row.name, row.config, cipher, delivery=delivery)
+        except RuntimeConfigInvalid as exc:
+            unusable[row.name] = f"account {row.name!r} is broken: {exc}"
+            continue
+        if isinstance(model, WebhookAccount):
+            webhook[account] = model
+        elif isinstance(model, EmailAccount):
+            email[account] = model
+    # model_copy skips validation: the rows were checked one by one above.
+    updated = delivery.model_copy(update={"webhook_accounts": webhook, "email_accounts": email})
+    return Accounts(settings=updated, unusable=unusable, names=frozenset(names))
+
+
+#: Mailboxes need no delivery settings (only webhook accounts check the allow-list).
+_NO_DELIVERY = DeliverySettings()
+
+
+class RuntimeAccounts:
+    """The channel accounts as of the table's last change: one version query per check."""
+
+    def __init__(
+        self, sessions: async_sessionmaker[AsyncSession], delivery: DeliverySettings, cipher: Cipher
+    ) -> None:
+        self.sessions = sessions
+        self.delivery = delivery
+        self.cipher = cipher
+        self._seen: tuple[int, int] | None = None
+
+    async def changed(self) -> Accounts | None:
+        """The accounts when a row changed since the last call (the first call loads them)."""
+        async with self.sessions() as session:
+            version = await rows.version_of(session, "account")
+            if version == self._seen:
+                return None
+            # Read after the version: a write in between is simply loaded again next time.
+            snapshot = await accounts(session, self.delivery, self.cipher)
+        self._seen = version
+        return snapshot
+
+
+async def intake_settings(
+    sessions: async_sessionmaker[AsyncSession], intake: IntakeSettings, key: str
+) -> IntakeSettings:
+    """``intake`` with its mailboxes as the table says now (read per poll: a small table)."""
+    async with sessions() as session:
+        found = await mailboxes(session, intake, Cipher(key))
+    return intake.model_copy(update={"mailboxes": found})
+
+
+async def delivery_routes(
+    sessions: async_sessionmaker[AsyncSession], delivery: DeliverySettings, key: str
+) -> DeliverySettings:
+    """``delivery`` with its routes as the table says now (read per notification pass)."""
+    async with sessions() as session:
+        found = await routes(session, delivery, Cipher(key))
+    return delivery.model_copy(update={"routes": found})
