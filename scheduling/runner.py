@@ -106,13 +106,25 @@ class SchedulerService:
             scheduler.shutdown(wait=False)
 
 
+def register_work_state(settings: Settings, service: SchedulerService) -> None:
+    """The work-state gauges, exported by the leading scheduler only (counted once)."""
+    from prometheus_client import REGISTRY
+
+    from mailroom.metrics_gauges import WorkStateCollector
+
+    dsn = libpq_dsn(database_url(settings.database))
+    REGISTRY.register(WorkStateCollector(dsn, active=service.is_leader.is_set))
+
+
 def run(settings: Settings) -> int:
     """Run until SIGTERM or SIGINT; exit 0."""
     import actors  # noqa: F401  (the broker the jobs send through)
     from mailroom.observability import start_metrics_server
 
-    start_metrics_server(settings)
     service = SchedulerService(settings)
+    if settings.metrics.port:
+        register_work_state(settings, service)
+    start_metrics_server(settings)
 
     handle_stop_signals(lambda *_: service.stop())
     service.run()
