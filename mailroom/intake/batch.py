@@ -1,7 +1,8 @@
 """One batch of a leased mailbox: connect, SELECT, read new UIDs, ingest each in order.
 
 The next FETCH chunk (bounded in mails and in bytes, by SEARCH LARGER) is read
-while the current one is ingested. Mails go in groups (``commit_group``, also
+while the current one is ingested; a mail over ``max_mail_bytes`` (SEARCH LARGER
+again) is read as its headers and size alone. Mails go in groups (``commit_group``, also
 bounded in bytes): a group is parsed and its objects stored while the group
 before it commits. Commits stay one transaction per mail, in UID order, each
 fenced on the lease; a group's transactions are pipelined to Postgres in one
@@ -248,8 +249,10 @@ async def _ingest_in_order(
 async def _fetch_chunks(
     intake: IntakeSettings, connection: Mailbox, uids: list[int]
 ) -> tuple[list[list[int]], set[int]]:
-    """``uids`` cut into FETCH commands of at most ``fetch_chunk`` mails and ``fetch_chunk_bytes``,
-    and those over ``max_mail_bytes`` (their headers alone are fetched).
+    """``uids`` cut into FETCH commands, and those of them over ``max_mail_bytes``.
+
+    A command fetches at most ``fetch_chunk`` mails and ``fetch_chunk_bytes``; of a mail
+    over ``max_mail_bytes`` only the headers and size are fetched.
     """
     count, most = max(1, intake.fetch_chunk), intake.fetch_chunk_bytes
     # A full chunk of mails up to ``share`` bytes each stays within ``most``; bigger mails are
