@@ -1,8 +1,9 @@
 """What each reader uses: the environment's entries overlaid by the table's rows.
 
-A row wins over the environment entry of the same name; a disabled row turns
-its entry off. A row that cannot be read (bad secret, refused config) is logged
-and, for accounts, kept as the reason its messages fail.
+An operator's row (``source = operator``) wins over the environment entry of the
+same name; a disabled one turns its entry off. Seeded rows are copies the readers
+skip: the environment is read itself. A row that cannot be read (bad secret,
+refused config) is logged and, for accounts, kept as the reason its messages fail.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionm
 from mailroom.config_store import kinds, rows
 from mailroom.config_store.secrets import Cipher
 from mailroom.errors import RuntimeConfigInvalid
+from mailroom.models import RuntimeConfig
 from mailroom.settings import (
     DeliverySettings,
     EmailAccount,
@@ -37,7 +39,7 @@ def env_route_name(index: int) -> str:
 async def mailboxes(db: Db, intake: IntakeSettings, cipher: Cipher) -> list[MailboxSettings]:
     """Every mailbox, enabled or not (a disabled one is polled as ``disabled``)."""
     found = {mailbox.name: mailbox for mailbox in intake.mailboxes}
-    for row in await rows.rows_of(db, "mailbox"):
+    for row in _operator_rows(await rows.rows_of(db, "mailbox")):
         try:
             model = kinds.from_row("mailbox", row.name, row.config, cipher, delivery=_NO_DELIVERY)
         except RuntimeConfigInvalid as exc:
@@ -54,7 +56,7 @@ async def routes(db: Db, delivery: DeliverySettings, cipher: Cipher) -> list[Not
     found: dict[str, NotificationRoute | None] = {
         env_route_name(index): route for index, route in enumerate(delivery.routes)
     }
-    for row in await rows.rows_of(db, "route"):
+    for row in _operator_rows(await rows.rows_of(db, "route")):
         try:
             model = kinds.from_row("route", row.name, row.config, cipher, delivery=delivery)
         except RuntimeConfigInvalid as exc:
@@ -64,6 +66,16 @@ async def routes(db: Db, delivery: DeliverySettings, cipher: Cipher) -> list[Not
         assert isinstance(model, NotificationRoute)
         found[row.name] = model if row.enabled else None
     return [route for route in found.values() if route is not None]
+
+
+def _operator_rows(found: list[RuntimeConfig]) -> list[RuntimeConfig]:
+    """The rows an operator wrote (added, replaced, enabled or disabled): they take over.
+
+    A seeded row is a copy of the environment for ``list`` and the commands: the
+    environment itself is read, so its changes count at once, and an entry removed
+    from it stops being used even though its copy stays until an operator acts on it.
+    """
+    return [row for row in found if row.source == "operator"]
 
 
 @dataclass(frozen=True)
@@ -82,7 +94,7 @@ async def accounts(db: Db, delivery: DeliverySettings, cipher: Cipher) -> Accoun
     email = dict(delivery.email_accounts)
     unusable: dict[str, str] = {}
     names = set()
-    for row in await rows.rows_of(db, "account"):
+    for row in _operator_rows(await rows.rows_of(db, "account")):
         names.add(row.name)
         channel, _, account = row.name.partition(":")
         (webhook if channel == "webhook" else email).pop(account, None)
