@@ -109,3 +109,40 @@ async def alone(
         )
         await session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": key})
         yield
+
+
+#: Advisory lock space (the first key of the two-key form) of jobs a live batch holds.
+HELD_SPACE = 0x696E_6278  # "inbx"
+
+# Locks taken in one statement in hash order, so two batches of shared jobs wait, never deadlock.
+_HOLD = text(
+    """
+    SELECT count(pg_advisory_xact_lock(:space, h))
+      FROM (SELECT DISTINCT hashtext(x) AS h FROM unnest(CAST(:ids AS text[])) AS x ORDER BY h) AS held
+    """
+)
+
+
+@asynccontextmanager
+async def held(
+    sessions: async_sessionmaker[AsyncSession],
+    job_ids: Collection[uuid.UUID],
+    *,
+    wait_s: float = ALONE_WAIT_S,
+) -> AsyncIterator[None]:
+    """Hold the jobs for one live attempt: another attempt at any of them waits for it.
+
+    A count left by an attempt means a death only when no live attempt holds the job:
+    the ack and the result of one job, in two batches run side by side, would otherwise
+    each take the other's count for a death and go the slow, one-at-a-time way. The
+    locks go with the transaction, or with the connection when the process dies, so a
+    dead attempt's count is seen by the next one. Waiting longer than ``wait_s`` raises.
+    """
+    async with sessions() as session, session.begin():
+        timeout = f"{max(1, int(wait_s * 1000))}ms"
+        await session.execute(
+            text("SELECT set_config('lock_timeout', :timeout, true)"), {"timeout": timeout}
+        )
+        ids = sorted({str(job_id) for job_id in job_ids})
+        await session.execute(_HOLD, {"space": HELD_SPACE, "ids": ids})
+        yield

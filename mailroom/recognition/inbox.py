@@ -334,6 +334,19 @@ async def _apply_counted(
     max_attempts: int,
 ) -> list[InboxOutcome]:
     job_ids = {p.response.job_id for p in parsed}
+    # A live batch holding one of these jobs (an ack beside its result) is waited for, not
+    # taken for a death: only a count left by a dead attempt sends the batch one by one.
+    async with attempts.held(sessions, job_ids):
+        return await _apply_counted_held(sessions, parsed, job_ids, now, max_attempts)
+
+
+async def _apply_counted_held(
+    sessions: async_sessionmaker[AsyncSession],
+    parsed: Sequence[Parsed],
+    job_ids: set[uuid.UUID],
+    now: datetime | None,
+    max_attempts: int,
+) -> list[InboxOutcome]:
     counts = await attempts.count_attempts(sessions, job_ids, attempts.INBOX_BATCH_ATTEMPTS)
     if all(count == 1 for count in counts.values()):
         try:

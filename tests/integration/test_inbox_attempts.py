@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
+from sqlalchemy import text
 
-from mailroom.recognition import attempts
+from mailroom.recognition import attempts, inbox
 from mailroom.recognition.inbox import apply_recognition_messages
 from mailroom.recognition.inbox_messages import InboxMessage
 from tests.fixtures.recognition import at
@@ -103,3 +105,74 @@ async def test_fewer_deaths_than_the_maximum_still_apply(db_sessions, recognitio
 
     assert outcome.applied == "result_applied"
     assert (await recognition_factory.job(ref.job_id))["metrics"]["inbox_attempts"] == MAX - 1
+
+
+def ack(ref) -> InboxMessage:
+    body = {
+        "schema_version": "1.0",
+        "job_id": str(ref.job_id),
+        "file_id": ref.file_id,
+        "status": "processing",
+        "service": {"name": "reader", "version": "1"},
+    }
+    headers = {"Nats-Msg-Id": f"{ref.job_id}:1:ack"}
+    return InboxMessage("files.tabular_parsed", json.dumps(body).encode(), headers)
+
+
+async def test_an_ack_and_its_result_in_batches_side_by_side_both_go_the_batch_way(
+    db_sessions, recognition_factory, monkeypatch
+):
+    """A live batch's count on a shared job is waited for, not taken for a death."""
+    job = await recognition_factory.create_job(status="published")
+    first_inside, release = asyncio.Event(), asyncio.Event()
+    one_by_one = []
+    real_batch, real_one_by_one = inbox._apply_batch, inbox._apply_one_by_one
+
+    async def paused_batch(sessions, parsed, now):
+        if not first_inside.is_set():
+            first_inside.set()
+            await release.wait()
+        return await real_batch(sessions, parsed, now)
+
+    async def recorded_one_by_one(sessions, parsed, now, **kwargs):
+        one_by_one.append(len(parsed))
+        return await real_one_by_one(sessions, parsed, now, **kwargs)
+
+    monkeypatch.setattr(inbox, "_apply_batch", paused_batch)
+    monkeypatch.setattr(inbox, "_apply_one_by_one", recorded_one_by_one)
+    first = asyncio.create_task(apply(db_sessions, ack(job)))
+    await first_inside.wait()
+    second = asyncio.create_task(apply(db_sessions, error_result(job)))
+    # The second batch either waits for the first's hold on the job, or (the old way) has
+    # counted the first's attempt as a death and gone on one by one.
+    async with db_sessions() as session:
+        for _ in range(500):
+            waiting = await session.scalar(
+                text("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
+            )
+            if waiting or second.done() or one_by_one:
+                break
+            await asyncio.sleep(0.01)
+    release.set()
+    outcomes = [*await first, *await second]
+
+    assert [o.applied for o in outcomes] == ["ack_applied", "result_applied"]
+    assert one_by_one == [], "neither batch was taken for the survivor of a death"
+    assert "inbox_batch_attempts" not in (await recognition_factory.job(job.job_id))["metrics"]
+
+
+async def test_a_dead_batch_holding_a_job_lets_the_next_one_see_its_count(
+    db_sessions, recognition_factory
+):
+    job = await recognition_factory.create_job(status="processing")
+    # A batch that counted itself and whose process died: its hold went with its connection.
+    async with attempts.held(db_sessions, [job.job_id]):
+        await died(db_sessions, [job.job_id], 1, attempts.INBOX_BATCH_ATTEMPTS)
+
+    async with attempts.held(db_sessions, [job.job_id]):
+        counts = await attempts.count_attempts(
+            db_sessions, [job.job_id], attempts.INBOX_BATCH_ATTEMPTS
+        )
+        await attempts.give_back(db_sessions, counts, attempts.INBOX_BATCH_ATTEMPTS)
+
+    assert counts == {job.job_id: 2}
