@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -16,6 +17,9 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from mailroom.cli import lifecycle
 from mailroom.errors import PermanentError
 from mailroom.settings import Settings
+
+if TYPE_CHECKING:
+    from mailroom.intake.operations import CursorView
 
 app = typer.Typer(no_args_is_help=True, help="Operate the intake pipeline.")
 
@@ -39,55 +43,49 @@ def _run(settings: Settings, use: Callable[[async_sessionmaker[AsyncSession]], A
 
 
 def _when(value: datetime | None) -> str:
-    return value.strftime("%Y-%m-%d %H:%M:%S") if value else ""
+    return value.strftime("%m-%d %H:%M:%S") if value else ""
 
 
 @app.command()
 def status() -> None:
-    """Show every mailbox cursor: position, lease, backoff and why it stopped."""
+    """Show every mailbox cursor: position, retries, lease or next try, and why it stopped."""
     from mailroom.intake.operations import list_cursors
 
     settings = Settings()
     views = _run(settings, list_cursors)
-    table = Table(title="Mailbox cursors")
-    for column in (
-        "mailbox",
-        "folder",
-        "status",
-        "uidvalidity",
-        "last uid",
-        "retries",
-        "next retry",
-        "lease until",
-        "blocked at",
-        "last error",
-    ):
-        table.add_column(column)
+    # Few, short columns: readable at 80 columns; the problem cell wraps.
+    table = Table(title="Mailbox cursors", box=box.SIMPLE_HEAD)
+    table.add_column("mailbox/folder")
+    table.add_column("status")
+    table.add_column("last uid", justify="right")
+    table.add_column("tries", justify="right")
+    table.add_column("until")
+    table.add_column("stopped at, error")
     seen = set()
     for view in views:
         seen.add((view.mailbox, view.folder))
         style = {"blocked": "bold red", "failed": "yellow", "processing": "cyan"}.get(view.status)
-        blocked = ""
+        problem = ""
         if view.blocked_uid is not None:
-            blocked = f"UID {view.blocked_uid} {view.blocked_message_id or ''}"
+            problem = f"UID {view.blocked_uid} {view.blocked_message_id or ''}".strip() + ": "
+        problem += view.last_error or ""
+        until = view.lease_until if view.status == "processing" else view.next_retry_at
         table.add_row(
-            escape(view.mailbox),
-            escape(view.folder),
+            escape(f"{view.mailbox}/{view.folder}"),
             view.status,
-            str(view.uidvalidity or ""),
             str(view.last_uid),
             str(view.retry_count),
-            _when(view.next_retry_at),
-            _when(view.lease_until),
-            escape(blocked[:ERROR_CHARS]),
-            escape((view.last_error or "")[:ERROR_CHARS]),
+            _when(until),
+            escape(problem[: 2 * ERROR_CHARS]),
             style=style,
         )
     for mailbox in settings.intake.mailboxes:
         if (mailbox.name, mailbox.folder) not in seen:
             state = "not polled yet" if mailbox.enabled else "disabled"
-            table.add_row(escape(mailbox.name), escape(mailbox.folder), state, style="dim")
-    Console().print(table)
+            table.add_row(escape(f"{mailbox.name}/{mailbox.folder}"), state, style="dim")
+    console = Console()
+    console.print(table)
+    console.print("until: the poll's lease (processing) or the next try (failed)", style="dim")
 
 
 def _fail(exc: PermanentError) -> None:
@@ -95,17 +93,62 @@ def _fail(exc: PermanentError) -> None:
     raise typer.Exit(1)
 
 
+#: Wait between two tries at a cursor a poll holds, in seconds.
+BUSY_RETRY_S = 0.5
+
+_WAIT_HELP = (
+    "While a poll holds the mailbox, wait this long for its batch to end "
+    "(default: intake.lease_s); 0 refuses at once."
+)
+
+
+def _when_idle(
+    settings: Settings,
+    mailbox: str,
+    wait_s: float | None,
+    change: Callable[[async_sessionmaker[AsyncSession]], Awaitable[CursorView]],
+) -> CursorView:
+    """Apply ``change`` to the cursor; while a poll holds it, wait for the batch to end."""
+    from mailroom.errors import CursorBusy
+
+    budget_s = settings.intake.lease_s if wait_s is None else wait_s
+
+    async def use(sessions: async_sessionmaker[AsyncSession]) -> CursorView:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + budget_s
+        told = False
+        while True:
+            try:
+                return await change(sessions)
+            except CursorBusy:
+                if loop.time() >= deadline:
+                    raise
+                if not told:
+                    typer.echo(
+                        f"mailbox {mailbox!r} is being polled: waiting for its batch to end "
+                        f"(up to {budget_s:g} s)",
+                        err=True,
+                    )
+                    told = True
+                await asyncio.sleep(BUSY_RETRY_S)
+
+    return _run(settings, use)
+
+
 @app.command()
 def unblock(
     mailbox: str = typer.Argument(..., help="Mailbox name, as configured."),
     folder: str = typer.Option(None, help="Only needed when the mailbox has several cursors."),
+    wait_s: float = typer.Option(None, "--wait-s", min=0, help=_WAIT_HELP),
 ) -> None:
     """Let a blocked or backed-off mailbox retry at once, from the UID where it stopped."""
     from mailroom.intake.operations import unblock_mailbox
 
     settings = Settings()
     try:
-        view = _run(settings, lambda s: unblock_mailbox(s, mailbox, folder=folder))
+        view = _when_idle(
+            settings, mailbox, wait_s, lambda s: unblock_mailbox(s, mailbox, folder=folder)
+        )
     except PermanentError as exc:
         _fail(exc)
         return
@@ -117,13 +160,19 @@ def reset(
     mailbox: str = typer.Argument(..., help="Mailbox name, as configured."),
     uid: int = typer.Option(..., "--uid", help="The next poll reads mails above this UID."),
     folder: str = typer.Option(None, help="Only needed when the mailbox has several cursors."),
+    wait_s: float = typer.Option(None, "--wait-s", min=0, help=_WAIT_HELP),
 ) -> None:
-    """Move a mailbox cursor to ``--uid`` (skip a poison mail, or re-read; stored mails dedupe)."""
+    """Move a mailbox cursor to --uid: skip a poison mail, or read mails again (none twice)."""
     from mailroom.intake.operations import reset_mailbox
 
     settings = Settings()
     try:
-        view = _run(settings, lambda s: reset_mailbox(s, mailbox, uid=uid, folder=folder))
+        view = _when_idle(
+            settings,
+            mailbox,
+            wait_s,
+            lambda s: reset_mailbox(s, mailbox, uid=uid, folder=folder),
+        )
     except PermanentError as exc:
         _fail(exc)
         return

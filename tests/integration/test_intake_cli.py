@@ -75,7 +75,7 @@ def test_reset_refuses_a_cursor_that_is_being_polled(dsn):
             "UPDATE mailbox_cursor SET status = 'processing', lease_id = gen_random_uuid(),"
             " lease_until = now() + interval '1 minute'"
         )
-    result = CliRunner().invoke(app, ["intake", "reset", "billing", "--uid", "0"])
+    result = CliRunner().invoke(app, ["intake", "reset", "billing", "--uid", "0", "--wait-s", "0"])
     assert result.exit_code == 1
     assert "being polled right now" in result.output
     assert _rows(dsn, "SELECT last_uid FROM mailbox_cursor") == [(41,)]
