@@ -213,7 +213,7 @@ class Deliverer:
                 return await self._uncertain(claim, plan)
             return await self._send(claim, plan)
         except LeaseLost as exc:
-            metrics.FAILED.labels(claim.channel, "lease_lost").inc()
+            metrics.FAILED.labels(claim.channel, claim.account, "lease_lost").inc()
             logger.warning("Delivery of message %s abandoned: %s", claim.id, exc)
             return Outcome.LEASE_LOST
 
@@ -254,7 +254,7 @@ class Deliverer:
                 plan.mark(number, FAILED)
                 raise
             finally:
-                metrics.SEND_SECONDS.labels(claim.channel).observe(time.perf_counter() - started)
+                metrics.SEND_SECONDS.labels(claim.channel, claim.account).observe(time.perf_counter() - started)
             plan.mark(number, SENT)
             if number != pending[-1]:
                 # Recorded at once so a retry resumes after it; the last one lands with the status.
@@ -264,7 +264,7 @@ class Deliverer:
         # Settled together with the batch's other successes ready now (Postgres first, then the delivered key).
         if not await claim.batch.succeed(claim, plan.record()):
             raise LeaseLost(f"message {claim.id} was taken over by a later attempt")
-        metrics.DELIVERED.labels(claim.channel).inc()
+        metrics.DELIVERED.labels(claim.channel, claim.account).inc()
         logger.info(
             "Delivered message %s via %s/%s (%d chunk(s), attempt %d)",
             claim.id,
@@ -285,7 +285,7 @@ class Deliverer:
             next_retry_at=None,
         )
         await self._cache_final(claim, status)
-        metrics.FAILED.labels(claim.channel, reason).inc()
+        metrics.FAILED.labels(claim.channel, claim.account, reason).inc()
         logger.warning(
             "Message %s %s (%d of %d chunks sent, attempt %d): %s",
             claim.id,
@@ -329,7 +329,7 @@ class Deliverer:
             jitter=0.5,
             rng=self.rng,
         )
-        metrics.FAILED.labels(claim.channel, "retryable").inc()
+        metrics.FAILED.labels(claim.channel, claim.account, "retryable").inc()
         return await self._reschedule(claim, plan, exc, delay_s=delay_s, refund=False)
 
     async def _defer(self, claim: Claim, plan: ChunkPlan, exc: RateLimited) -> Outcome:
@@ -338,7 +338,7 @@ class Deliverer:
         if not refund and claim.attempts >= self.settings.max_attempts:
             error = f"gave up after {claim.attempts} attempts; last error: {_describe(exc)}"
             return await self._fail(claim, plan, error, reason="max_attempts")
-        metrics.FAILED.labels(claim.channel, "rate_limited").inc()
+        metrics.FAILED.labels(claim.channel, claim.account, "rate_limited").inc()
         return await self._reschedule(claim, plan, exc, delay_s=exc.retry_after_s, refund=refund)
 
     async def _reschedule(

@@ -4,18 +4,22 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Histogram
 
-#: Messages delivered in full, by channel.
-DELIVERED = Counter("mailroom_delivery_delivered_total", "Channel messages delivered.", ["channel"])
-#: Failed sends and given-up messages, by channel and reason (retryable, rate_limited,
-#: permanent, max_attempts, lease_lost).
+#: Messages delivered in full, by channel and account.
+DELIVERED = Counter(
+    "mailroom_delivery_delivered_total", "Channel messages delivered.", ["channel", "account"]
+)
+#: Failed sends and given-up messages, by channel, account and reason (retryable,
+#: rate_limited, permanent, max_attempts, lease_lost).
 FAILED = Counter(
-    "mailroom_delivery_failed_total", "Failed channel sends, by reason.", ["channel", "reason"]
+    "mailroom_delivery_failed_total",
+    "Failed channel sends, by reason.",
+    ["channel", "account", "reason"],
 )
 #: Time to send one chunk through a channel's middleware chain, in seconds.
 SEND_SECONDS = Histogram(
     "mailroom_delivery_send_seconds",
     "Time to send one chunk through its channel.",
-    ["channel"],
+    ["channel", "account"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
 #: Stream entries the bridge handled, by outcome (forwarded, malformed).

@@ -86,8 +86,8 @@ def test_fifty_mails_become_documents_and_delivered_notifications(make_system, t
 
     # The worker's exporter joins Dramatiq's counters and the delivery pipeline's own.
     metrics = _worker_metrics(metrics_port)
-    assert metrics["mailroom_delivery_delivered_total{channel=webhook}"] == MAILS
-    assert metrics["mailroom_delivery_delivered_total{channel=log}"] == MAILS
+    assert metrics["mailroom_delivery_delivered_total{account=default,channel=webhook}"] == MAILS
+    assert metrics["mailroom_delivery_delivered_total{account=default,channel=log}"] == MAILS
     delivered_by_dramatiq = [
         value
         for name, value in metrics.items()

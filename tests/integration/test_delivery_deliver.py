@@ -372,9 +372,11 @@ async def test_metrics_count_deliveries_failures_and_send_time(
         return REGISTRY.get_sample_value(name, labels) or 0.0
 
     before = (
-        sample("mailroom_delivery_delivered_total", channel="log"),
-        sample("mailroom_delivery_failed_total", channel="log", reason="permanent"),
-        sample("mailroom_delivery_send_seconds_count", channel="log"),
+        sample("mailroom_delivery_delivered_total", channel="log", account="default"),
+        sample(
+            "mailroom_delivery_failed_total", channel="log", account="default", reason="permanent"
+        ),
+        sample("mailroom_delivery_send_seconds_count", channel="log", account="default"),
     )
     delivered = await make_message(delivery_sessions)
     rejected = await make_message(delivery_sessions)
@@ -383,8 +385,10 @@ async def test_metrics_count_deliveries_failures_and_send_time(
     outbound.errors.append(PermanentError("no"))
     await deliverer.deliver(rejected)
     after = (
-        sample("mailroom_delivery_delivered_total", channel="log"),
-        sample("mailroom_delivery_failed_total", channel="log", reason="permanent"),
-        sample("mailroom_delivery_send_seconds_count", channel="log"),
+        sample("mailroom_delivery_delivered_total", channel="log", account="default"),
+        sample(
+            "mailroom_delivery_failed_total", channel="log", account="default", reason="permanent"
+        ),
+        sample("mailroom_delivery_send_seconds_count", channel="log", account="default"),
     )
     assert [a - b for a, b in zip(after, before, strict=True)] == [1, 1, 2]
