@@ -28,7 +28,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -40,6 +39,8 @@ import redis
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+import durability  # noqa: E402
 
 from mailroom.devtools.stack import EmbeddedPostgres, EmbeddedRedis  # noqa: E402
 from mailroom.migrate import upgrade  # noqa: E402
@@ -71,9 +72,9 @@ def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = STUCK_
 
 
 class Bench:
-    def __init__(self, state: Path, messages: int) -> None:
+    def __init__(self, state: Path, messages: int, *, fast: bool) -> None:
         self.messages = messages
-        self.postgres = EmbeddedPostgres(state / "postgres", fast=True, database="bench").start()
+        self.postgres = EmbeddedPostgres(state / "postgres", fast=fast, database="bench").start()
         self.redis_server = EmbeddedRedis(state / "redis").start()
         upgrade(self.postgres.url())
         self.env = {
@@ -310,12 +311,13 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="one round, within a minute")
     parser.add_argument("--messages", type=int, default=None, help="messages per measurement")
     parser.add_argument("--rounds", type=int, default=1, help="best of this many runs each")
+    durability.add_flags(parser)
     args = parser.parse_args()
     messages = args.messages or (QUICK_MESSAGES if args.quick else FULL_MESSAGES)
     rounds = args.rounds
-    with tempfile.TemporaryDirectory(prefix="mailroom-bench-") as state:
+    with durability.temporary_state(args, "mailroom-bench-delivery-") as state:
         began = time.perf_counter()
-        bench = Bench(Path(state), messages)
+        bench = Bench(state, messages, fast=args.fast)
         print(f"services up in {time.perf_counter() - began:.1f} s", flush=True)
         try:
             print(f"messages per measurement: {messages}; rounds: {rounds}", flush=True)

@@ -26,18 +26,17 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
-import psutil
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import durability  # noqa: E402
 from stages import ProcessCpu, StageSampler  # noqa: E402
 
 from mailroom.devtools.imap import DEMO_PASSWORD, DEMO_USER, ImapServer, demo_mailbox  # noqa: E402
@@ -234,34 +233,17 @@ def server_pids(system: System, servers: dict[str, object]) -> dict[str, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="finish within about 3 minutes")
-    parser.add_argument(
-        "--fast", action="store_true", help="fsync off, everything in /dev/shm (not durable)"
-    )
+    durability.add_flags(parser)
     parser.add_argument("--backlog", type=int, default=None, help="mails in the backlog drain")
     parser.add_argument("--mails", type=int, default=None, help="latency sample size (>= 200)")
     parser.add_argument(
         "--rate", type=float, default=None, help="mails/s at load (default: half the drain rate)"
     )
-    parser.add_argument(
-        "--workdir",
-        type=Path,
-        default=None,
-        help="where state goes (default: .mailroom, or /dev/shm with --fast)",
-    )
     args = parser.parse_args()
     backlog = args.backlog or (2_000 if args.quick else 20_000)
-    mails = max(200, args.mails or (300 if args.quick else 1_000))
-    base_dir = args.workdir or (Path("/dev/shm") if args.fast else ROOT / ".mailroom")
-    base_dir.mkdir(parents=True, exist_ok=True)
-    durability = (
-        "NOT durable (--fast): Postgres fsync off, state in "
-        if args.fast
-        else "durable: Postgres fsync and synchronous_commit on, object store on disk in "
-    )
-
-    with tempfile.TemporaryDirectory(prefix="mailroom-bench-e2e-", dir=base_dir) as folder:
-        base = Path(folder)
-        print(f"{durability}{base}; {psutil.cpu_count()} cores, load {os.getloadavg()[0]:.1f}")
+    mails = max(200, args.mails or (200 if args.quick else 1_000))
+    base = durability.state_dir(args, "mailroom-bench-e2e-")
+    try:
         postgres = EmbeddedPostgres(base / "postgres", fast=args.fast).start()
         redis_server = EmbeddedRedis(base / "redis").start()
         nats_server = EmbeddedNats(base / "nats").start()
@@ -357,6 +339,8 @@ def main() -> None:
             imap.stop()
             for server in (nats_server, redis_server, postgres):
                 server.stop()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
     p50, p99 = (percentile(latencies, q) for q in (50, 99))
     print(

@@ -15,7 +15,10 @@ The result is the median ratio of the rounds. Then, in a fresh child process (so
 figure is its own), a warm intake reads one 41 MB mail with a 30 MB attachment (over
 ``max_attachment_bytes``) and reports how far the mail raised its peak RSS.
 
-Usage: ``uv run python bench/intake.py [--mails N] [--rounds N] [--quick]``. The last lines
+Durable by default: Postgres with fsync and synchronous commit on, the object store on
+disk (``--fast``: fsync off, state in /dev/shm; the first line says which).
+
+Usage: ``uv run python bench/intake.py [--mails N] [--rounds N] [--quick] [--fast]``. The last lines
 are ``RESULT intake ratio=<intake/raw> target=0.5`` and
 ``RESULT intake_big_mail_rss_mib value=<MiB> target=64``.
 """
@@ -31,11 +34,11 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from email.message import EmailMessage
 from pathlib import Path
 
+import durability  # bench/, on the path when run as a script
 from imapclient import IMAPClient
 
 from mailroom.adapters.imap import ImapMailbox
@@ -61,7 +64,6 @@ BIG_ATTACHMENT_BYTES = 30_000_000
 #: Mails per IMAP command, for both the APPEND setup and the FETCH of the baseline.
 CHUNK = 100
 #: Memory-backed folder for the run's state, where the host has one.
-SHM = Path("/dev/shm")
 
 
 def make_mail(n: int) -> bytes:
@@ -158,13 +160,7 @@ def main() -> int:
     parser.add_argument(
         "--big-mail-child", nargs=3, metavar=("DB_URL", "PORT", "STATE_DIR"), help=argparse.SUPPRESS
     )
-    parser.add_argument(
-        "--workdir",
-        type=Path,
-        default=None,
-        help="where Postgres and the object store live for the run (a fresh folder inside); "
-        "default: /dev/shm when there is one, else .mailroom",
-    )
+    durability.add_flags(parser)
     args = parser.parse_args()
     count = args.mails
     logging.basicConfig(level=logging.WARNING)
@@ -172,16 +168,10 @@ def main() -> int:
         database_url, port, state_dir = args.big_mail_child
         return big_mail_child(database_url, int(port), Path(state_dir))
 
-    # NOTE: in memory by default. The object store writes two new files per mail, and on
-    # ext4 creating one costs from 0.02 ms to over 1 ms of kernel time depending on the
-    # history of the disk's block group (seen on the same folder an hour apart), which
-    # swamps what the pipeline costs. In production the store is S3, not a local disk.
-    # --workdir .mailroom measures on disk.
-    base = args.workdir or (SHM if SHM.is_dir() else Path(".mailroom"))
-    base.mkdir(parents=True, exist_ok=True)
-    workdir = Path(tempfile.mkdtemp(prefix="bench-intake-", dir=base)).resolve()
-    print(f"state (Postgres, object store) in {workdir}")
-    postgres = EmbeddedPostgres(workdir / "postgres", fast=True, database="bench")
+    # Durable by default, as production runs; the object store's two new files per mail cost
+    # kernel time on ext4 that varies with the disk's history, so each round prints CPU per mail.
+    workdir = durability.state_dir(args, "bench-intake-")
+    postgres = EmbeddedPostgres(workdir / "postgres", fast=args.fast, database="bench")
     pymap: subprocess.Popen[bytes] | None = None
     try:
         postgres.start()

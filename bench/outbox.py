@@ -1,7 +1,7 @@
 """Recognition benchmark: the outbox publisher vs a one-job relay, the inbox vs a no-op actor.
 
 Runs on embedded Postgres, NATS and Redis (``mailroom.devtools.stack``, Postgres with
-fsync off for both sides alike), migrated fresh:
+durable by default: fsync on for both sides alike, ``--fast`` turns it off), migrated fresh:
 
 * outbox: 20,000 queued jobs (never fewer). (a) a one-job-per-transaction relay
   (claim one row with SKIP LOCKED, publish on core NATS, flush, update, commit),
@@ -28,7 +28,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -40,6 +39,8 @@ import psycopg
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+import durability  # noqa: E402
 
 from mailroom.devtools.stack import EmbeddedNats, EmbeddedPostgres, EmbeddedRedis  # noqa: E402
 from mailroom.migrate import upgrade  # noqa: E402
@@ -352,14 +353,14 @@ def main() -> int:
     parser.add_argument(
         "--prefill", action="store_true", help="inbox: let the bridge enqueue everything first"
     )
+    durability.add_flags(parser)
     args = parser.parse_args()
     jobs = max(args.jobs, MIN_JOBS)
     results = args.results or (3_000 if args.quick else 10_000)
     relay_seconds = 4.0 if args.quick else 15.0
 
-    with tempfile.TemporaryDirectory(prefix="mailroom-bench-") as tmp:
-        state = Path(tmp)
-        postgres = EmbeddedPostgres(state / "postgres", fast=True, database="bench").start()
+    with durability.temporary_state(args, "mailroom-bench-outbox-") as state:
+        postgres = EmbeddedPostgres(state / "postgres", fast=args.fast, database="bench").start()
         nats_server = EmbeddedNats(state / "nats").start()
         redis_server = EmbeddedRedis(state / "redis").start()
         try:

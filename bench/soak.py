@@ -61,7 +61,6 @@ import random
 import re
 import shutil
 import sys
-import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -71,6 +70,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+import durability  # noqa: E402
 
 from mailroom.db import libpq_dsn  # noqa: E402
 from mailroom.devtools.imap import DEMO_PASSWORD, DEMO_USER, ImapServer  # noqa: E402
@@ -338,6 +339,7 @@ def main() -> None:
     parser.add_argument("--drain-s", type=float, default=None, help="longest wait to drain")
     parser.add_argument("--seed", type=int, default=None, help="seed of the kill choices")
     parser.add_argument("--keep", action="store_true", help="keep the state dir and logs")
+    durability.add_flags(parser)
     args = parser.parse_args()
     duration_s = args.duration_s or (40.0 if args.quick else 300.0)
     rate = args.rate or 2.0
@@ -346,9 +348,9 @@ def main() -> None:
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     rng = random.Random(seed)
 
-    base = Path(tempfile.mkdtemp(prefix="mailroom-soak-"))
+    base = durability.state_dir(args, "mailroom-soak-")
     clock = time.monotonic()
-    postgres = EmbeddedPostgres(base / "postgres", fast=True).start()
+    postgres = EmbeddedPostgres(base / "postgres", fast=args.fast).start()
     redis_server = EmbeddedRedis(base / "redis").start()
     nats_server = EmbeddedNats(base / "nats").start()
     imap = ImapServer().start()
