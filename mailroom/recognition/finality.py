@@ -147,6 +147,23 @@ async def finalize_mails(
     return sorted(mail_id for (mail_id,) in result)
 
 
+_REOPEN_MAIL = text(
+    """
+    UPDATE inbound_mail SET status = 'stored', finalized_at = NULL, notified_at = NULL
+     WHERE id = :mail_id AND status = 'final'
+    """
+)
+
+
+async def reopen_mail(session: AsyncSession, mail_id: int) -> None:
+    """A final mail becomes stored again (a file of it is replayed or reviewed).
+
+    ``finalize_mails`` can then end it anew, and its notification goes out with the new
+    final state (the dedupe key carries ``finalized_at``).
+    """
+    await session.execute(_REOPEN_MAIL, {"mail_id": mail_id})
+
+
 _SETTLED_STORED_MAILS = text(
     f"""
     SELECT m.id FROM inbound_mail AS m

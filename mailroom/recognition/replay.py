@@ -10,7 +10,6 @@ Callers nudge the outbox publisher with what was created.
 
 from __future__ import annotations
 
-import json
 import logging
 import uuid
 from dataclasses import dataclass
@@ -20,10 +19,11 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from mailroom.audit import add_audit_event
 from mailroom.clock import db_now
 from mailroom.errors import ReplayRefused
 from mailroom.recognition.contracts import request_msg_id
-from mailroom.recognition.finality import MAX_REASON_CHARS
+from mailroom.recognition.finality import MAX_REASON_CHARS, reopen_mail
 
 logger = logging.getLogger(__name__)
 
@@ -86,20 +86,6 @@ _POINT_FILE = text(
        SET current_recognition_job_id = :job_id, status = 'UPLOADED', status_reason = NULL,
            updated_at = :now
      WHERE id = :file_id
-    """
-)
-
-_REOPEN_MAIL = text(
-    """
-    UPDATE inbound_mail SET status = 'stored', finalized_at = NULL, notified_at = NULL
-     WHERE id = :mail_id AND status = 'final'
-    """
-)
-
-_AUDIT = text(
-    """
-    INSERT INTO audit_event (actor_type, actor_id, action, target, detail, created_at)
-    VALUES (:actor_type, :actor_id, :action, :target, CAST(:detail AS jsonb), :now)
     """
 )
 
@@ -193,7 +179,7 @@ async def _replay(
     )
     await session.execute(_POINT_FILE, {"job_id": new_id, "file_id": row.file_id, "now": now})
     if row.mail_id is not None:
-        await session.execute(_REOPEN_MAIL, {"mail_id": row.mail_id})
+        await reopen_mail(session, row.mail_id)
     detail = {
         "new_job_id": str(new_id),
         "file_id": row.file_id,
@@ -202,16 +188,13 @@ async def _replay(
         "previous_error_code": row.error_code,
         "reason": (reason or "")[:MAX_REASON_CHARS],
     }
-    await session.execute(
-        _AUDIT,
-        {
-            "actor_type": actor_type[:50],
-            "actor_id": actor_id[:200],
-            "action": AUDIT_ACTION,
-            "target": f"recognition_job:{row.id}",
-            "detail": json.dumps(detail),
-            "now": now,
-        },
+    add_audit_event(
+        session,
+        actor_type=actor_type[:50],
+        actor_id=actor_id[:200],
+        action=AUDIT_ACTION,
+        target=f"recognition_job:{row.id}",
+        detail=detail,
     )
     logger.info(
         "Recognition job %s (%s) replayed as %s, attempt %d, by %s:%s",

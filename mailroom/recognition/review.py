@@ -33,7 +33,7 @@ from mailroom.audit import OPERATOR, add_audit_event
 from mailroom.clock import db_now
 from mailroom.errors import ReplayRefused, ReviewConflict, ReviewRefused
 from mailroom.models import FINAL_JOB_STATUSES
-from mailroom.recognition.finality import MAX_REASON_CHARS, finalize_mails
+from mailroom.recognition.finality import MAX_REASON_CHARS, finalize_mails, reopen_mail
 from mailroom.recognition.replay import ReplayedJob, replay_job
 from mailroom.recognition.review_queries import REVIEWABLE
 from mailroom.settings import RecognitionSettings
@@ -119,15 +119,6 @@ _SETTLE_FILE = text(
      WHERE id = :file_id
     """
 )
-
-# As replay does: a final mail becomes stored again, so finalize_mails can end it anew.
-_REOPEN_MAIL = text(
-    """
-    UPDATE inbound_mail SET status = 'stored', finalized_at = NULL, notified_at = NULL
-     WHERE id = :mail_id AND status = 'final'
-    """
-)
-
 
 async def accept_file(
     session: AsyncSession,
@@ -316,7 +307,7 @@ async def _settle_manually(
     )
     outcome = ReviewOutcome(row.id, action, job_id, attempt, "RECOGNIZED", document_id)
     if row.mail_id is not None:
-        await session.execute(_REOPEN_MAIL, {"mail_id": row.mail_id})
+        await reopen_mail(session, row.mail_id)
         outcome.finalized_mail_ids = await finalize_mails(session, [row.mail_id], now=now)
     add_audit_event(
         session,

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from actors import queues
 from mailroom.cli import app
-from mailroom.models import AuditEvent, RecognitionJob, StoredFile
+from mailroom.models import AuditEvent, RecognitionJob, StoredFile, StoredObject
 
 pytestmark = pytest.mark.integration
 
@@ -40,8 +40,18 @@ def add_job(
     published_ago: timedelta | None = None,
     finished_ago: timedelta = timedelta(minutes=1),
 ) -> RecognitionJob:
-    """A file whose current (and only) job is in ``status``."""
-    file = StoredFile(original_name="a.csv", file_type="csv", status=file_status)
+    """A stored file whose current (and only) job is in ``status``."""
+    stored = StoredObject(
+        bucket_role="incoming",
+        bucket="mailroom-incoming",
+        key=f"files/{uuid.uuid4().hex}",
+        created_by="test",
+    )
+    session.add(stored)
+    session.flush()
+    file = StoredFile(
+        original_name="a.csv", file_type="csv", status=file_status, object_id=stored.id
+    )
     session.add(file)
     session.flush()
     now = datetime.now(UTC)
