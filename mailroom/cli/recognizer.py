@@ -8,6 +8,7 @@ any failure. It reads no database, only NATS and the object store.
 from __future__ import annotations
 
 import asyncio
+import os
 
 import typer
 from rich.console import Console
@@ -29,9 +30,15 @@ def recognizer(ctx: typer.Context) -> None:
     if ctx.invoked_subcommand is not None:
         return
     from mailroom.cli import load_settings
+    from mailroom.recognition.pairing import real_mailbox_refusal
     from mailroom.recognition.reference import run
 
-    raise typer.Exit(run(load_settings("recognizer")))
+    settings = load_settings("recognizer")
+    refusal = real_mailbox_refusal(settings, os.environ)
+    if refusal is not None:
+        typer.echo(f"mailroom: recognizer: refusing to start: {refusal}", err=True)
+        raise typer.Exit(errors.EXIT_CONFIG)
+    raise typer.Exit(run(settings))
 
 
 @app.command()

@@ -26,6 +26,7 @@ from mailroom.cli.status_links import jetstream_state, object_store_state
 from mailroom.db import create_engine, create_sessionmaker, database_url, libpq_dsn
 from mailroom.delivery.status import stream_state
 from mailroom.models import ChannelMessage, InboundMail, MailboxCursor, RecognitionJob, StoredFile
+from mailroom.recognition.gate import closed_gates, gate_lines
 from mailroom.recognition.violations import CONTRACT_ERROR_CODES
 from mailroom.settings import Settings
 from scheduling.leader import current_leader
@@ -60,6 +61,7 @@ async def collect_status(settings: Settings) -> dict[str, Any]:
                 for m, f, uid, err in blocked.all()
             ]
             report["contract_violations"] = await _contract_violations(session)
+            report["recognition_gate"] = await closed_gates(session)
             # Final items waiting for a person; superseded attempts are history, not work.
             report["stopped"] = await needs_operator(session)
             report["oldest_s"] = await oldest_per_stage(session)
@@ -155,6 +157,8 @@ def _print_work(report: dict[str, Any], console: Console) -> None:
         cells = ", ".join(f"{status} {count}" for status, count in sorted(report[store].items()))
         counts.add_row(store, cells or "-")
     console.print(counts)
+    for line in gate_lines(report["recognition_gate"]):
+        console.print(line, style="bold red", markup=False)
 
     stopped = Table(title="Needs an operator (current items only)", box=box.SIMPLE_HEAD)
     stopped.add_column("item")

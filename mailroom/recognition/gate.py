@@ -256,3 +256,13 @@ async def closed_gates(session: AsyncSession) -> list[dict[str, Any]]:
         {"pipeline": r.pipeline, "closed_at": r.closed_at.isoformat(), "reason": r.reason or ""}
         for r in rows
     ]
+
+
+def gate_lines(gates: list[dict[str, Any]]) -> list[str]:
+    """One line per closed gate for ``mailroom status``: since when, why, what it means."""
+    return [
+        f"Recognition of {g['pipeline']} held since {g['closed_at'][:19]}: {g['reason']}."
+        " Its jobs wait (no republish counted, no dlq, no timeout) and go on by themselves"
+        " when a service answers."
+        for g in gates
+    ]

@@ -68,6 +68,23 @@ _CLAIM = text(
     """
 )
 
+# While a pipeline's gate is closed its oldest unacked job is sent again each pass, uncounted:
+# a service that comes back (or only subscribes to new requests) has something to answer.
+_PROBE = text(
+    """
+    SELECT j.id, j.file_id, j.pipeline, j.status, j.attempt, j.reply_deadline,
+           j.request_subject, 0 AS republish_count,
+           f.original_name, f.file_type, o.bucket, o.key
+      FROM recognition_job AS j
+      JOIN stored_file AS f ON f.id = j.file_id
+      LEFT JOIN stored_object AS o ON o.id = f.object_id
+     WHERE j.status = 'published' AND j.pipeline = :pipeline
+     ORDER BY j.published_at, j.id
+     LIMIT 1
+       FOR UPDATE OF j SKIP LOCKED
+    """
+)
+
 _MARK_PUBLISHED = text(
     """
     UPDATE recognition_job AS j
@@ -106,6 +123,8 @@ class OutboxPass:
     claimed: int = 0
     published: list[uuid.UUID] = field(default_factory=list)
     republished: list[uuid.UUID] = field(default_factory=list)
+    #: Held jobs sent again as the gate's probe; no republish is counted for them.
+    probed: list[uuid.UUID] = field(default_factory=list)
     #: Publishes JetStream reported as duplicates (already in the stream).
     duplicates: int = 0
     dead_lettered: list[uuid.UUID] = field(default_factory=list)
@@ -157,7 +176,8 @@ async def publish_recognition_requests(
 ) -> OutboxPass:
     """Run one outbox pass over at most ``limit`` (default: the batch size setting) jobs.
 
-    ``held``: pipelines whose health gate is closed; their jobs get first publishes only.
+    ``held``: pipelines whose health gate is closed (gate.py): their queued jobs are published,
+    but of their waiting ones only the oldest is sent again (a probe), no republish counted.
     """
     limit = limit or recognition.publish_batch_size
     outcome = OutboxPass(limit=limit)
@@ -168,27 +188,37 @@ async def publish_recognition_requests(
     async with sessions() as session, session.begin():
         now = now or await db_now(session)
         first_deadline = now + timedelta(seconds=recognition.reply_deadline_s)
-        rows = (
-            await session.execute(
-                _CLAIM,
-                {
-                    "now": now,
-                    "ack_timeout_s": recognition.ack_timeout_s,
-                    "limit": limit,
-                    "held": sorted(held),
-                },
-            )
-        ).all()
+        rows = list(
+            (
+                await session.execute(
+                    _CLAIM,
+                    {
+                        "now": now,
+                        "ack_timeout_s": recognition.ack_timeout_s,
+                        "limit": limit,
+                        "held": sorted(held),
+                    },
+                )
+            ).all()
+        )
         outcome.claimed = len(rows)
+        probes: set[uuid.UUID] = set()
+        for pipeline in sorted(held):
+            for row in (await session.execute(_PROBE, {"pipeline": pipeline})).all():
+                rows.append(row)
+                probes.add(row.id)
         messages: list[OutgoingMessage] = []
         sending: list[tuple[Any, bool, str]] = []  # (row, is_republish, subject)
         invalid_messages: list[str] = []
         for row in rows:
             republish = row.status == "published"
-            if republish and row.republish_count >= recognition.max_republish:
+            # NOTE: a probe is never dead-lettered (the gate holds it until a service answers)
+            # and promises the deadline that the reopening gate gives every held job.
+            probe = row.id in probes
+            if republish and not probe and row.republish_count >= recognition.max_republish:
                 outcome.dead_lettered.append(row.id)
                 continue
-            deadline = row.reply_deadline if republish else first_deadline
+            deadline = row.reply_deadline if republish and not probe else first_deadline
             subject = (republish and row.request_subject) or request_subject(nats, row.pipeline)
             try:
                 request = build_request(row, deadline)
@@ -212,7 +242,9 @@ async def publish_recognition_requests(
                 outcome.error = outcome.error or f"{type(result).__name__}: {result}"
                 continue
             outcome.duplicates += result.duplicate
-            if republish:
+            if row.id in probes:
+                outcome.probed.append(row.id)
+            elif republish:
                 outcome.republished.append(row.id)
             else:
                 outcome.published.append(row.id)
@@ -284,9 +316,11 @@ def _log(outcome: OutboxPass) -> None:
         )
     elif outcome.claimed:
         logger.info(
-            "Outbox pass: %d published, %d republished (%d duplicates), %d dlq, %d invalid",
+            "Outbox pass: %d published, %d republished, %d probed (%d duplicates), %d dlq,"
+            " %d invalid",
             len(outcome.published),
             len(outcome.republished),
+            len(outcome.probed),
             outcome.duplicates,
             len(outcome.dead_lettered),
             len(outcome.invalid),

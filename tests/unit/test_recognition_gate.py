@@ -1,0 +1,85 @@
+"""When the health gate closes for silence, and the reference recognizer's refusal of real mail."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+
+from mailroom.migrate import PROJECT_ROOT
+from mailroom.recognition.gate import gate_lines, silence_reason
+from mailroom.recognition.pairing import DEV_FLAG, real_mailbox_refusal
+from mailroom.settings import Settings
+
+NOW = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
+MAILBOX = {"name": "billing", "host": "imap.corp", "username": "u", "password": "p"}
+
+
+def _reason(*, unacked_s=None, ack_s=None, result_s=None):
+    def ago(seconds):
+        return None if seconds is None else NOW - timedelta(seconds=seconds)
+
+    return silence_reason(
+        "tabular",
+        oldest_unacked=ago(unacked_s),
+        last_ack=ago(ack_s),
+        last_result=ago(result_s),
+        now=NOW,
+        silence_after_s=60,
+    )
+
+
+def test_gate_stays_open_without_a_request_waiting_as_long_as_the_silence():
+    assert _reason() is None
+    assert _reason(unacked_s=59) is None
+
+
+def test_gate_stays_open_while_a_service_answered_within_the_silence():
+    assert _reason(unacked_s=600, ack_s=59) is None
+    assert _reason(unacked_s=600, ack_s=900, result_s=10) is None
+
+
+def test_gate_closes_when_a_request_waited_and_no_service_answered_as_long():
+    assert "answered for 60 s" in (_reason(unacked_s=60) or "")
+    reason = _reason(unacked_s=600, ack_s=61, result_s=300)
+    assert reason is not None and "last answer 2030-01-01 11:58:59" in reason
+    assert "none ever" in (_reason(unacked_s=61) or "")
+
+
+def test_status_line_says_since_when_why_and_that_jobs_wait():
+    gate = {"pipeline": "image", "closed_at": NOW.isoformat(), "reason": "NATS unreachable: x"}
+    (line,) = gate_lines([gate])
+    assert line.startswith("Recognition of image held since 2030-01-01T12:00:00: NATS")
+    assert "no dlq" in line and gate_lines([]) == []
+
+
+def test_reference_recognizer_may_run_beside_real_mail_only_under_mailroom_dev():
+    real = Settings(intake={"mailboxes": [{**MAILBOX, "real": True}]})
+    refusal = real_mailbox_refusal(real, {})
+    assert refusal is not None and "'billing' is marked real" in refusal
+    assert real_mailbox_refusal(real, {DEV_FLAG: "1"}) is None
+    assert real_mailbox_refusal(Settings(intake={"mailboxes": [MAILBOX]}), {}) is None
+
+
+def test_recognizer_command_refuses_a_real_mailbox_in_one_line_and_exits_2():
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("MAILROOM_")}
+    env = {
+        **clean,
+        "MAILROOM_INTAKE__MAILBOXES": json.dumps([{**MAILBOX, "real": True}]),
+        # Nothing listens here: a recognizer that did not refuse would fail otherwise.
+        "MAILROOM_NATS__URL": "nats://127.0.0.1:1",
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "mailroom", "recognizer"],
+        env=env,
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    lines = (result.stdout + result.stderr).strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mailroom: recognizer: refusing to start:")
+    assert "'billing' is marked real" in lines[0]
