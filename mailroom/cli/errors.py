@@ -202,8 +202,23 @@ def _nats(exc: BaseException) -> Failure | None:
 
 
 def _app_error(exc: BaseException) -> Failure | None:
-    from mailroom.errors import MailboxLoginRejected, MailboxUnavailable
+    from mailroom.errors import (
+        MailboxLoginRejected,
+        MailboxUnavailable,
+        OAuthTokenRefused,
+        OAuthTokenUnavailable,
+    )
 
+    oauth_settings = "the oauth settings of MAILROOM_INTAKE__MAILBOXES or its e-mail accounts"
+    if isinstance(exc, OAuthTokenRefused):
+        return _unavailable(
+            "the OAuth token endpoint refused the grant",
+            str(exc),
+            oauth_settings,
+            "Check client_id, client_secret and refresh_token (a revoked grant needs a new one).",
+        )
+    if isinstance(exc, OAuthTokenUnavailable):
+        return _unavailable("cannot get an OAuth token", str(exc), oauth_settings)
     if isinstance(exc, MailboxLoginRejected):
         return _unavailable(
             "the IMAP server refused the login",

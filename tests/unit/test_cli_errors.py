@@ -8,7 +8,12 @@ import redis.exceptions
 import sqlalchemy.exc
 
 from mailroom.cli.errors import EXIT_UNAVAILABLE, describe
-from mailroom.errors import MailboxLoginRejected, NatsUnavailable
+from mailroom.errors import (
+    MailboxLoginRejected,
+    NatsUnavailable,
+    OAuthTokenRefused,
+    OAuthTokenUnavailable,
+)
 
 
 def _lines(exc: BaseException) -> list[str]:
@@ -52,6 +57,22 @@ def test_refused_imap_login_names_the_mailboxes_variable():
     first, hint = _lines(MailboxLoginRejected("LOGIN failed for billing@imap.corp:993"))
     assert "IMAP server refused the login" in first
     assert "MAILROOM_INTAKE__MAILBOXES" in hint
+
+
+def test_a_refused_oauth_grant_says_which_secrets_to_check():
+    first, hint = _lines(OAuthTokenRefused("token endpoint: invalid_grant (refresh token revoked)"))
+    assert first == (
+        "mailroom: the OAuth token endpoint refused the grant: "
+        "token endpoint: invalid_grant (refresh token revoked)"
+    )
+    assert "refresh_token" in hint and "MAILROOM_INTAKE__MAILBOXES" in hint
+
+
+def test_an_unreachable_token_endpoint_is_one_line():
+    first, _ = _lines(OAuthTokenUnavailable("POST https://login.example/token: timed out"))
+    assert (
+        first == "mailroom: cannot get an OAuth token: POST https://login.example/token: timed out"
+    )
 
 
 def test_database_error_wrapped_by_sqlalchemy_is_found_through_its_cause():
