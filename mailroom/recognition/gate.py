@@ -42,6 +42,8 @@ GATE_CLOSED = Gauge(
     "mailroom_recognition_gate_closed",
     "1 while the recognition health gate of a pipeline holds its jobs, else 0.",
     ["pipeline"],
+    # NOTE: in a worker's multiprocess exporter, the value its latest check set in any process.
+    multiprocess_mode="livemostrecent",
 )
 
 # Per pipeline: its unacked requests and the last ack and result of any service (indexes
@@ -51,8 +53,6 @@ _CLOCK = text(
     SELECT p.pipeline,
            (SELECT min(published_at) FROM recognition_job
              WHERE status = 'published' AND pipeline = p.pipeline) AS oldest_unacked,
-           (SELECT count(*) FROM recognition_job
-             WHERE status = 'published' AND pipeline = p.pipeline) AS unacked,
            (SELECT max(started_at) FROM recognition_job
              WHERE kind = 'automatic' AND pipeline = p.pipeline) AS last_ack,
            (SELECT max(finished_at) FROM recognition_job
