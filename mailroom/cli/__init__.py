@@ -25,8 +25,15 @@ from mailroom.cli import (
 from mailroom.settings import Settings
 
 # NOTE: tracebacks with locals would print URLs with their passwords.
+#: What ``mailroom --help`` says (the module docstring is for developers).
+USER_HELP = (
+    "Mailroom reads mailboxes, has their attachments recognized and sends notifications. "
+    "Start its processes (worker, bridge, scheduler, or dev for all of them on one machine) "
+    "and look after the work: status, then intake, recognition, review and delivery."
+)
+
 app = errors.FriendlyTyper(
-    no_args_is_help=True, add_completion=False, help=__doc__, pretty_exceptions_show_locals=False
+    no_args_is_help=True, add_completion=False, help=USER_HELP, pretty_exceptions_show_locals=False
 )
 bridge_app = typer.Typer(no_args_is_help=True, help="Long-running consumers that feed actors.")
 app.add_typer(bridge_app, name="bridge")
@@ -94,7 +101,7 @@ def worker(
     processes: int = typer.Option(2, "--processes", "-p"),
     threads: int = typer.Option(8, "--threads", "-t"),
 ) -> None:
-    """Run Dramatiq workers for the actors (``dramatiq actors``, logging as set up here)."""
+    """Run the workers that do the pipelines' work (Dramatiq actors, logging as configured)."""
     # Through mailroom.dramatiq_main: Dramatiq's main process then logs in the format
     # of the settings (JSON lines too), like the worker processes it starts.
     args = [sys.executable, "-m", "mailroom.dramatiq_main", "actors"]
@@ -150,7 +157,7 @@ def scheduler() -> None:
 def status(
     as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts."),
 ) -> None:
-    """Counts per status, stopped work, queue depths, the delivery stream and the scheduler leader."""
+    """What needs an operator, the oldest item per stage, queues, streams and links, at a glance."""
     settings = load_settings("cli")
     from mailroom.cli.status import print_status
 

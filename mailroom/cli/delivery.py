@@ -54,7 +54,7 @@ def status(
 ) -> None:
     """Counts per status and channel, the stream, then the messages that need an operator.
 
-    Each listed message shows its id, which ``replay --id`` takes.
+    Each listed message shows its id, which replay --id takes.
     """
     from mailroom.delivery.status import message_counts, stream_state, stuck_messages
 
@@ -141,14 +141,30 @@ def replay(
     typer.echo(f"replayed {len(ids)} message(s)" + (f": {ids[:50]}" if ids else ""))
 
 
+#: Longest subject made from a notification's text, in characters (RFC 5322's line advice).
+SUBJECT_CHARS = 78
+
+
+def default_subject(text: str) -> str:
+    """The text's first non-empty line, shortened: a notification never goes out untitled."""
+    line = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    if not line:
+        return "Mailroom notification"
+    return line if len(line) <= SUBJECT_CHARS else line[: SUBJECT_CHARS - 1] + "…"
+
+
 def notify(
     text: str = typer.Argument(..., help="The message body."),
     channel: str = typer.Option(..., "--channel", help="log, webhook, email, …"),
     to: str = typer.Option(..., "--to", help="The recipient."),
     account: str = typer.Option("default", "--account"),
-    subject: str = typer.Option(None, "--subject"),
+    subject: str = typer.Option(
+        None, "--subject", help="Default: the text's first line, shortened to 78 characters."
+    ),
 ) -> None:
     """Send a notification through a channel (created pending, delivered by the workers)."""
+    if not subject:
+        subject = default_subject(text)
     from mailroom.adapters.channels import plugin
     from mailroom.delivery.producer import create_message, enqueue_messages
     from mailroom.errors import UnknownChannel

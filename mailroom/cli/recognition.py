@@ -211,7 +211,7 @@ def status(
 ) -> None:
     """Job and file counts, then the files that wait for an operator and why.
 
-    Each listed file shows its current job id, which ``replay --job`` takes.
+    Each listed file shows its current job id, which replay --job takes.
     """
     settings = Settings()
 

@@ -197,3 +197,15 @@ def test_delivery_status_lists_failed_and_uncertain_messages_with_reasons(seeded
     assert "HTTP 500 from the receiver" in out
     assert "connection reset" in out
     assert "(2 of 2" in out
+
+
+def test_notify_without_a_subject_sends_the_first_line_as_subject(seeded):
+    result = CliRunner().invoke(
+        app, ["notify", "Invoice 42 is late\nDetails follow.", "--channel", "log", "--to", "ops"]
+    )
+    assert result.exit_code == 0, result.output
+    with psycopg.connect(libpq_dsn(seeded), autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT subject FROM channel_message WHERE recipient = 'ops' AND body LIKE 'Invoice%'"
+        ).fetchone()
+    assert row == ("Invoice 42 is late",)
