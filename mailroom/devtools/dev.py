@@ -38,6 +38,8 @@ logger = logging.getLogger(__name__)
 
 #: How often an idle Dramatiq consumer of the dev processes looks for work, in milliseconds.
 WORKER_POLL_MS = BrokerSettings().worker_poll_ms
+#: Worker processes of ``mailroom dev`` (and of the e2e harness and benchmarks).
+WORKER_PROCESSES = "2"
 
 
 def dev_mailboxes(configured: str | None, *, imap_port: int = DEV_IMAP_PORT) -> str:
@@ -83,8 +85,13 @@ def process_specs() -> list[tuple[str, list[str]]]:
     """Every Mailroom process, as (name, command line)."""
     python = sys.executable
     return [
-        # ``mailroom worker`` execs ``dramatiq actors`` after preparing its environment.
-        ("worker", [python, "-m", "mailroom", "worker", "--processes", "1", "--threads", "8"]),
+        # ``mailroom worker`` execs ``dramatiq actors`` after preparing its environment. The
+        # worker spends most of a mail's CPU (bench/e2e.py) and one process has one event loop:
+        # two use both cores of a small machine.
+        (
+            "worker",
+            [python, "-m", "mailroom", "worker", "--processes", WORKER_PROCESSES, "--threads", "8"],
+        ),
         ("bridge-nats", [python, "-m", "mailroom", "bridge", "nats"]),
         ("bridge-stream", [python, "-m", "mailroom", "bridge", "stream"]),
         ("scheduler", [python, "-m", "mailroom", "scheduler"]),
