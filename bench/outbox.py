@@ -10,13 +10,17 @@ durable by default: fsync on for both sides alike, ``--fast`` turns it off), mig
 * inbox: N ``done`` results pre-loaded into JetStream; a ``mailroom bridge nats``
   subprocess feeds an in-process ``dramatiq.Worker`` (RedisBroker, 1 process x
   8 threads) running ``apply_recognition_messages`` (batches the bridge formed)
-  against Postgres; rate in results from the first applied batch to the last. Baseline: the same Worker settings
-  draining N ``actors.system.noop`` messages from the same RedisBroker.
+  against Postgres; rate in results from the first applied batch to the last, and every
+  result must be applied. Baseline, per result too: the same bridge, batching and Worker
+  with a no-op handler (the batch messages are acked without running the actor).
+* outbox, fairer baseline: a batched claim-and-publish loop without the protocol
+  (``bench/baselines.py``), ``RESULT outbox_batched ratio=… target=0.8``.
 
 ``--prefill`` lets the bridge enqueue every result before the worker starts, to
 see the actor's own rate. Usage: ``uv run python bench/outbox.py [--quick]
 [--jobs N] [--results N] [--prefill]``. The
-last two lines are ``RESULT outbox ratio=… target=10`` and ``RESULT inbox ratio=… target=0.5``.
+last lines are ``RESULT outbox ratio=… target=10``, ``RESULT outbox_batched ratio=… target=0.8``
+and ``RESULT inbox ratio=… target=0.5``.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -40,6 +45,7 @@ import psycopg
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import baselines  # noqa: E402
 import durability  # noqa: E402
 
 from mailroom.devtools.stack import EmbeddedNats, EmbeddedPostgres, EmbeddedRedis  # noqa: E402
@@ -267,6 +273,9 @@ class Timing:
                     timing.items.append(carried(message))
                     timing.failed += exception is not None
 
+            def after_skip_message(self, broker, message):  # type: ignore[no-untyped-def]
+                self.after_process_message(broker, message)
+
         return _Timing()
 
     @property
@@ -280,31 +289,25 @@ class Timing:
         return (self.done - self.items[0]) / (self.finished[-1] - self.finished[0])
 
 
-def drain_noop(broker: Any, count: int) -> float:
-    import dramatiq
-
-    from actors.system import noop
-
-    timing = Timing("noop")
-    broker.add_middleware(timing.as_middleware())
-    for _ in range(count):
-        noop.send()
-    worker = dramatiq.Worker(broker, queues={"system"}, worker_threads=WORKER_THREADS)
-    worker.start()
-    try:
-        wait_for(lambda: timing.done >= count, "no-op drain")
-    finally:
-        worker.stop()
-    return timing.rate()
-
-
 def run_inbox(
-    broker: Any, count: int, env: dict[str, str], dsn: str, *, prefill: bool
+    broker: Any, count: int, env: dict[str, str], dsn: str, *, prefill: bool, noop: bool = False
 ) -> tuple[float, int]:
+    """Results per second through bridge → actor; ``noop`` skips the actor (the baseline).
+
+    Each run reads the preloaded results through its own durable consumer.
+    """
     import dramatiq
 
     timing = Timing("apply_recognition_messages", "apply_recognition_message")
     broker.add_middleware(timing.as_middleware())
+    skipping = baselines.skipping("apply_recognition_messages") if noop else None
+    # Dramatiq warns of every skipped message: that is the baseline working.
+    logging.getLogger("dramatiq.worker.WorkerThread").setLevel(
+        logging.ERROR if noop else logging.WARNING
+    )
+    if skipping is not None:
+        broker.add_middleware(skipping)
+    env = {**env, "MAILROOM_NATS__INBOX_DURABLE": "bench-noop" if noop else "bench-inbox"}
     worker = dramatiq.Worker(broker, queues={"inbox"}, worker_threads=WORKER_THREADS)
     code = (
         "import sys; from mailroom.cli import app; sys.argv = ['mailroom', 'bridge', 'nats']; app()"
@@ -327,6 +330,8 @@ def run_inbox(
         bridge.send_signal(signal.SIGTERM)
         bridge.wait(30)
         worker.stop()
+        if skipping is not None:
+            broker.middleware.remove(skipping)
     with psycopg.connect(dsn) as conn:
         applied = conn.execute(
             "SELECT count(*) FROM recognition_job WHERE status = 'done'"
@@ -403,6 +408,17 @@ def main() -> int:
             )
             if published != jobs:
                 raise SystemExit(f"publisher published {published} of {jobs}")
+            reset_jobs(dsn)
+            batch = settings.recognition.publish_batch_size
+            batched, batched_s = asyncio.run(baselines.batched_relay(settings, batch))
+            batched_rate = batched / batched_s
+            print(
+                f"batched claim-and-publish loop: {batched} jobs in {batched_s:.2f}s = "
+                f"{batched_rate:.0f} jobs/s (batch {batch}, no protocol)"
+            )
+            # The inbox's results answer published jobs: publish them again, the Mailroom way.
+            reset_jobs(dsn)
+            asyncio.run(mailroom_publisher(settings))
 
             # Inbox: results go through JetStream so they can be pre-loaded before the bridge starts.
             env["MAILROOM_NATS__JETSTREAM"] = "true"
@@ -414,16 +430,17 @@ def main() -> int:
             import actors  # noqa: F401  (builds the RedisBroker from the environment above)
 
             broker = dramatiq.get_broker()
-            noop_rate = drain_noop(broker, results)
-            print(
-                f"no-op actor drain: {noop_rate:.0f} msg/s ({WORKER_THREADS} threads, RedisBroker)"
-            )
+            noop_rate, _ = run_inbox(broker, results, env, dsn, prefill=args.prefill, noop=True)
+            print(f"inbox baseline (bridge -> no-op handler): {noop_rate:.0f} results/s")
             inbox_rate, applied = run_inbox(broker, results, env, dsn, prefill=args.prefill)
             print(
                 f"inbox (bridge -> actor -> Postgres): {inbox_rate:.0f} results/s, "
                 f"{applied} of {results} applied"
             )
+            if applied != results:
+                raise SystemExit(f"inbox applied {applied} of {results} results")
             print(f"RESULT outbox ratio={ours_rate / relay_rate:.2f} target=10")
+            print(f"RESULT outbox_batched ratio={ours_rate / batched_rate:.2f} target=0.8")
             print(f"RESULT inbox ratio={inbox_rate / noop_rate:.2f} target=0.5")
         finally:
             redis_server.stop()

@@ -111,6 +111,8 @@ class ProcessCpu:
             for proc in [root, *(root.children(recursive=True) if children else [])]:
                 times = proc.cpu_times()
                 total += times.user + times.system
+                if children:  # children that exited (Postgres backends) and were waited for
+                    total += times.children_user + times.children_system
             return total
         except psutil.NoSuchProcess:
             return 0.0
