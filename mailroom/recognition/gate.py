@@ -110,6 +110,7 @@ _REFRESH = text(
                    'at', CAST(:now AS timestamptz),
                    'republishes_before', {republish_count_sql("j.metrics")}))
      WHERE j.pipeline = :pipeline AND j.status IN ('published', 'processing')
+    RETURNING j.id
     """
 )
 
@@ -218,7 +219,7 @@ async def _transition(
     refreshed = await session.execute(
         _REFRESH, {**params, "deadline": deadline, "closed_at": opened.closed_at}
     )
-    state.refreshed += refreshed.rowcount or 0
+    state.refreshed += len(refreshed.all())
 
 
 def _report(state: GateState) -> None:

@@ -79,7 +79,7 @@ _PROBE = text(
       JOIN stored_file AS f ON f.id = j.file_id
       LEFT JOIN stored_object AS o ON o.id = f.object_id
      WHERE j.status = 'published' AND j.pipeline = :pipeline
-     ORDER BY j.published_at, j.id
+     ORDER BY j.published_at, j.requested_at, j.id
      LIMIT 1
        FOR UPDATE OF j SKIP LOCKED
     """
