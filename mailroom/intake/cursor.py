@@ -368,30 +368,46 @@ async def record_batch_failure(
     max_backoff_s: float,
     counted: int | None = None,
     clock: DbClock = db_now,
+    block_after: int | None = None,
 ) -> Failure:
     """Back the cursor off after a batch that could not run (IMAP down, login refused).
 
     ``counted``: the UID this poll counted its attempt at, given back here; attempts
     left over by dead workers stay (the batch never got to their mail).
+    ``block_after``: block the cursor once this many failures in a row were recorded
+    (a cause no retry can cure, such as a revoked OAuth grant); None backs off forever.
     """
+    text = describe_error(error)
     async with transaction(sessions) as session:
         now = await clock(session)
         attempts = MailboxCursor.attempt_count if counted is None else _without(counted)
         count = await _count_failure(session, claim, "a failure", attempts)
-        retry_at = now + timedelta(seconds=backoff_s(count, max_backoff_s=max_backoff_s))
+        blocked = block_after is not None and count >= block_after
+        retry_at = (
+            None
+            if blocked
+            else now + timedelta(seconds=backoff_s(count, max_backoff_s=max_backoff_s))
+        )
         await session.execute(
             update(MailboxCursor)
             .where(MailboxCursor.id == claim.cursor_id)
             .values(
-                status="failed",
+                status="blocked" if blocked else "failed",
                 next_retry_at=retry_at,
-                last_error=describe_error(error),
+                last_error=text,
                 lease_id=None,
                 lease_until=None,
                 updated_at=now,
             )
         )
-    return Failure("failed", count, retry_at)
+        if blocked:
+            await audit.record_audit(
+                session,
+                audit.CURSOR_BLOCKED,
+                target=claim.target,
+                detail={"uid": None, "retry_count": count, "error": text},
+            )
+    return Failure("blocked" if blocked else "failed", count, retry_at)
 
 
 async def finish_batch(

@@ -18,7 +18,14 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from mailroom.adapters.imap import MailboxFactory
 from mailroom.adapters.storage import ObjectStore
 from mailroom.clock import DbClock, db_now
-from mailroom.errors import AppError, LeaseLost, MailFailed, UnknownMailbox, describe_error
+from mailroom.errors import (
+    AppError,
+    LeaseLost,
+    MailFailed,
+    OAuthTokenRefused,
+    UnknownMailbox,
+    describe_error,
+)
 from mailroom.intake import cursor as cursors
 from mailroom.intake.batch import BatchContext, BatchResult, Nudge, run_batch
 from mailroom.intake.cursor import Claim
@@ -178,6 +185,10 @@ async def _batch_failed(
 ) -> PollOutcome:
     claim = ctx.claim
     _log_failure(claim.mailbox, "batch failed", exc)
+    # A refused OAuth grant (revoked, expired refresh token, wrong client) never cures itself:
+    # retried like any batch failure, then blocked for an operator. A refused password may be
+    # a server's passing trouble (a lockout, its directory down) and keeps backing off.
+    grant_refused = any(isinstance(e, OAuthTokenRefused) for e in _causes(exc))
     try:
         failure = await cursors.record_batch_failure(
             deps.sessions,
@@ -186,10 +197,21 @@ async def _batch_failed(
             max_backoff_s=settings.max_backoff_s,
             counted=ctx.attempt.uid,
             clock=deps.clock,
+            block_after=settings.max_retries if grant_refused else None,
         )
     except LeaseLost as lost:
         await _give_back(ctx, deps)
         return _lease_lost(claim.mailbox, lost)
+    if failure.status == "blocked":
+        logger.error(
+            "Mailbox %s: blocked after %d refused logins (%s); "
+            "`mailroom intake unblock %s` after fixing its oauth settings",
+            claim.mailbox,
+            failure.retry_count,
+            describe_error(exc)[:300],
+            claim.mailbox,
+        )
+        return PollOutcome(claim.mailbox, "blocked", describe_error(exc))
     logger.info(
         "Mailbox %s: retry %d not before %s",
         claim.mailbox,
@@ -197,6 +219,16 @@ async def _batch_failed(
         failure.next_retry_at,
     )
     return PollOutcome(claim.mailbox, "batch_failed", describe_error(exc))
+
+
+def _causes(exc: BaseException) -> list[BaseException]:
+    """``exc`` and the exceptions it was raised from."""
+    chain: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and current not in chain:
+        chain.append(current)
+        current = current.__cause__ or current.__context__
+    return chain
 
 
 def _log_failure(mailbox: str, what: str, exc: BaseException) -> None:

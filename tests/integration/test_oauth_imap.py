@@ -13,6 +13,7 @@ from mailroom.adapters import oauth
 from mailroom.adapters.imap import ImapMailbox
 from mailroom.devtools.imap import demo_mailbox
 from mailroom.errors import MailboxLoginRejected, OAuthTokenRefused, OAuthTokenUnavailable
+from mailroom.intake.operations import unblock_mailbox
 from mailroom.settings import MailboxSettings
 from tests.fixtures.imap import csv_mail, new_folder
 from tests.fixtures.oauth import OAuthImapServer, TokenEndpoint, TokenReply
@@ -138,6 +139,34 @@ async def test_intake_records_a_refused_grant_backs_off_and_recovers(
     assert (await intake_env.poll()).reason == "backoff"
 
     intake_env.clock.advance(3)
+    assert (await intake_env.poll()).status == "done"
+    assert [m.uid for m in await intake_env.mails()] == [uid]
+
+
+async def test_a_grant_refused_every_time_blocks_the_mailbox_until_an_operator_unblocks_it(
+    intake_env, token_endpoint, clock
+):
+    intake_env.settings.intake.mailboxes[0] = oauth_mailbox(
+        intake_env.server, intake_env.folder, token_endpoint
+    )
+    intake_env.settings.intake.max_retries = 2
+    (uid,) = intake_env.append(csv_mail(1))
+    token_endpoint.script.extend([TokenReply(400, {"error": "invalid_grant"})] * 2)
+
+    assert (await intake_env.poll()).status == "batch_failed"
+    intake_env.clock.advance(3)
+    outcome = await intake_env.poll()
+
+    assert outcome.status == "blocked"
+    cursor = await intake_env.cursor()
+    assert (cursor.status, cursor.retry_count, cursor.next_retry_at) == ("blocked", 2, None)
+    assert cursor.last_error.startswith("OAuthTokenRefused")
+    (event,) = await intake_env.audit("intake.cursor_blocked")
+    assert event.detail["retry_count"] == 2 and "invalid_grant" in event.detail["error"]
+    intake_env.clock.advance(3600)
+    assert (await intake_env.poll()).status == "skipped", "blocked until an operator acts"
+
+    await unblock_mailbox(intake_env.sessions, "box")
     assert (await intake_env.poll()).status == "done"
     assert [m.uid for m in await intake_env.mails()] == [uid]
 
