@@ -1,6 +1,7 @@
 """Long bodies split into chunks, and the per-chunk record kept in ``channel_message.chunks``.
 
-The record (jsonb) is ``{"size": 4000, "total": 5, "status": {"1": "sent", "3": "failed"}}``.
+The record (jsonb) is ``{"size": 4000, "total": 5, "status": {"1": "sent", "3": "failed"}}``,
+with ``"ids": {"1": "<provider's id>"}`` for the chunks whose provider named them.
 The chunk size is stored with it, so a retry splits the body exactly as the first
 attempt did even if the setting changed in between, and resumes at the first
 chunk not marked ``sent``.
@@ -44,6 +45,8 @@ class ChunkPlan:
     size: int
     texts: list[str]
     status: dict[str, str] = field(default_factory=dict)
+    #: The provider's id of each sent chunk that got one (a webhook's answer, a Message-ID).
+    ids: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def load(cls, body: str, record: dict[str, Any] | None, *, default_size: int) -> ChunkPlan:
@@ -52,7 +55,9 @@ class ChunkPlan:
         size = size if isinstance(size, int) and size > 0 else default_size
         status = record.get("status")
         status = {str(k): str(v) for k, v in status.items()} if isinstance(status, dict) else {}
-        return cls(size=size, texts=split_body(body, size), status=status)
+        ids = record.get("ids")
+        ids = {str(k): str(v) for k, v in ids.items()} if isinstance(ids, dict) else {}
+        return cls(size=size, texts=split_body(body, size), status=status, ids=ids)
 
     @property
     def total(self) -> int:
@@ -69,8 +74,11 @@ class ChunkPlan:
     def sent_count(self) -> int:
         return sum(1 for n in range(1, self.total + 1) if self.is_sent(n))
 
-    def mark(self, number: int, state: str) -> None:
+    def mark(self, number: int, state: str, provider_id: str | None = None) -> None:
         self.status[str(number)] = state
+        if provider_id:
+            self.ids[str(number)] = provider_id
 
     def record(self) -> dict[str, Any]:
-        return {"size": self.size, "total": self.total, "status": dict(self.status)}
+        record = {"size": self.size, "total": self.total, "status": dict(self.status)}
+        return record | {"ids": dict(self.ids)} if self.ids else record

@@ -199,7 +199,9 @@ class Deliverer:
         return await self._attempt(claim)
 
     async def _attempt(self, claim: Claim) -> Outcome:
-        plan = ChunkPlan.load(claim.body, claim.chunks, default_size=self.settings.chunk_size)
+        # The channel's own chunk size, when it declares one (a stored plan keeps its size).
+        size = self.outbound.chunk_size(claim.channel) or self.settings.chunk_size
+        plan = ChunkPlan.load(claim.body, claim.chunks, default_size=size)
         try:
             if claim.attempts > self.settings.max_attempts:
                 error = f"gave up after {self.settings.max_attempts} attempts"
@@ -249,13 +251,15 @@ class Deliverer:
             )
             started = time.perf_counter()
             try:
-                await send(envelope)
+                provider_id = await send(envelope)
             except Exception:
                 plan.mark(number, FAILED)
                 raise
             finally:
-                metrics.SEND_SECONDS.labels(claim.channel, claim.account).observe(time.perf_counter() - started)
-            plan.mark(number, SENT)
+                metrics.SEND_SECONDS.labels(claim.channel, claim.account).observe(
+                    time.perf_counter() - started
+                )
+            plan.mark(number, SENT, provider_id)
             if number != pending[-1]:
                 # Recorded at once so a retry resumes after it; the last one lands with the status.
                 await self._update(claim, chunks=plan.record())

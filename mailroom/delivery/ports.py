@@ -28,8 +28,9 @@ class Envelope:
         return f"{self.message_id}:{self.chunk}"
 
 
-#: Sends one envelope; raises ``RateLimited``, a ``RetryableError`` or a ``PermanentError``.
-Send = Callable[[Envelope], Awaitable[None]]
+#: Sends one envelope and returns the provider's id for it, if it gave one; raises
+#: ``RateLimited``, a ``RetryableError`` or a ``PermanentError``.
+Send = Callable[[Envelope], Awaitable[str | None]]
 
 
 class Outbound(Protocol):
@@ -41,4 +42,8 @@ class Outbound(Protocol):
 
     def is_idempotent(self, channel: str) -> bool:
         """Whether a resend of a chunk is deduplicated by the receiver."""
+        ...
+
+    def chunk_size(self, channel: str) -> int | None:
+        """The longest chunk the channel takes, in characters; None: ``delivery.chunk_size``."""
         ...

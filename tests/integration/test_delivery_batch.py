@@ -45,6 +45,9 @@ class KeyedOutbound:
     def is_idempotent(self, channel: str) -> bool:
         return False
 
+    def chunk_size(self, channel: str) -> int | None:
+        return None
+
 
 @pytest.fixture
 def keys(delivery_redis, delivery_settings):

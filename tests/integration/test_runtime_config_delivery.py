@@ -15,7 +15,7 @@ from mailroom.db import transaction
 from mailroom.delivery.deliver import Deliverer, Outcome
 from mailroom.delivery.locks import LockOwner
 from mailroom.settings import RuntimeConfigSettings, Settings
-from tests.fixtures.delivery import load_message, make_message
+from tests.fixtures.delivery import HttpReply, load_message, make_message
 
 pytestmark = pytest.mark.integration
 
@@ -115,3 +115,53 @@ async def test_an_account_added_is_used_by_the_next_message_and_a_broken_one_fai
     assert (outcome, row.status) == (Outcome.FAILED, "failed")
     assert "account 'webhook:ops' is disabled" in row.last_error
     assert len(http_receiver.requests) == 2
+
+
+async def test_provider_ids_are_kept_per_chunk_for_webhook_and_email(
+    settings, delivery_sessions, delivery_redis, http_receiver, smtp_sink
+):
+    delivery = settings.delivery.model_copy(update={"chunk_size": 10})
+    keys = DeliveryRedis(delivery_redis, stream_key=delivery.stream_key)
+    outbound = ChannelOutbound(
+        delivery, redis=keys, accounts=RuntimeAccounts(delivery_sessions, delivery, Cipher(KEY))
+    )
+    deliverer = Deliverer(
+        sessions=delivery_sessions,
+        redis=keys,
+        outbound=outbound,
+        settings=delivery,
+        refresh_accounts=outbound.refresh,
+    )
+    await _operator(
+        delivery_sessions, settings, "add", name="webhook:ops", config={"url": http_receiver.url}
+    )
+    await _operator(
+        delivery_sessions,
+        settings,
+        "add",
+        name="email:ops",
+        config={
+            "host": "127.0.0.1",
+            "port": smtp_sink.port,
+            "security": "plain",
+            "sender": "m@example.com",
+        },
+    )
+    http_receiver.reply(
+        HttpReply(headers={"X-Message-Id": "p-1"}),
+        HttpReply(),
+        HttpReply(headers={"X-Message-Id": "p-3"}),
+    )
+    body = "123456789 123456789 12345"  # three chunks of at most 10
+    try:
+        hook = await make_message(delivery_sessions, channel="webhook", account="ops", body=body)
+        mail = await make_message(delivery_sessions, channel="email", account="ops", body="short")
+        assert await deliverer.deliver(hook) == Outcome.DELIVERED
+        assert await deliverer.deliver(mail) == Outcome.DELIVERED
+    finally:
+        await outbound.aclose()
+    hook_row = await load_message(delivery_sessions, hook)
+    assert hook_row.chunks["total"] == 3
+    assert hook_row.chunks["ids"] == {"1": "p-1", "3": "p-3"}
+    mail_row = await load_message(delivery_sessions, mail)
+    assert mail_row.chunks["ids"] == {"1": f"<mailroom.{mail}.1@example.com>"}

@@ -178,7 +178,7 @@ class FakeChannel:
 
 @pytest.fixture
 def fake_plugin():
-    channels.register("unit-fake", idempotent=True)(FakeChannel)
+    channels.register("unit-fake", channels.Capabilities(idempotent=True))(FakeChannel)
     FakeChannel.instances.clear()
     yield
     channels._PLUGINS.pop("unit-fake", None)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Protocol
 from mailroom.adapters.redis import DeliveryRedis
 from mailroom.delivery.ports import Envelope, Send
 from mailroom.errors import AccountUnusable, UnknownChannel
-from mailroom.settings import DeliverySettings
+from mailroom.settings import DeliverySettings, RateLimit
 
 if TYPE_CHECKING:
     from mailroom.config_store.effective import RuntimeAccounts
@@ -30,7 +30,9 @@ logger = logging.getLogger(__name__)
 class Channel(Protocol):
     """One channel bound to one account."""
 
-    async def send(self, envelope: Envelope) -> None: ...
+    async def send(self, envelope: Envelope) -> str | None:
+        """Send one chunk; the provider's id for it, when it gives one."""
+        ...
 
     async def aclose(self) -> None: ...
 
@@ -40,11 +42,26 @@ ChannelFactory = Callable[[str, DeliverySettings], Channel]
 
 
 @dataclass(frozen=True)
+class Capabilities:
+    """What a channel declares about its deliveries."""
+
+    #: Longest chunk the channel takes, in characters; None: ``delivery.chunk_size``.
+    chunk_size: int | None = None
+    #: The receiver deduplicates resends by the envelope's idempotency key.
+    idempotent: bool = False
+    #: The provider's own limit per account, used when ``delivery.rate_limits`` names none.
+    rate_limit: RateLimit | None = None
+
+
+@dataclass(frozen=True)
 class ChannelPlugin:
     name: str
     factory: ChannelFactory
-    #: The receiver deduplicates resends by the envelope's idempotency key.
-    idempotent: bool = False
+    capabilities: Capabilities = Capabilities()
+
+    @property
+    def idempotent(self) -> bool:
+        return self.capabilities.idempotent
 
 
 _PLUGINS: dict[str, ChannelPlugin] = {}
@@ -53,11 +70,13 @@ _PLUGINS: dict[str, ChannelPlugin] = {}
 _NOT_CHANNELS = frozenset({"middleware"})
 
 
-def register(name: str, *, idempotent: bool = False) -> Callable[[ChannelFactory], ChannelFactory]:
+def register(
+    name: str, capabilities: Capabilities = Capabilities()
+) -> Callable[[ChannelFactory], ChannelFactory]:
     """Class decorator: make the channel available under ``name``."""
 
     def decorate(factory: ChannelFactory) -> ChannelFactory:
-        _PLUGINS[name] = ChannelPlugin(name=name, factory=factory, idempotent=idempotent)
+        _PLUGINS[name] = ChannelPlugin(name=name, factory=factory, capabilities=capabilities)
         return factory
 
     return decorate
@@ -143,6 +162,12 @@ class ChannelOutbound:
             return plugin(channel).idempotent
         except UnknownChannel:
             return False
+
+    def chunk_size(self, channel: str) -> int | None:
+        try:
+            return plugin(channel).capabilities.chunk_size
+        except UnknownChannel:
+            return None
 
     async def invalidate(self, channel: str, account: str) -> None:
         """Forget the chain of (channel, account); the next send builds it anew."""

@@ -33,8 +33,11 @@ class EmailChannel:
         self.account_name = account
         self.account: EmailAccount = found
 
-    async def send(self, envelope: Envelope) -> None:
-        await asyncio.to_thread(self._send_blocking, build_mail(envelope, self.account.sender))
+    async def send(self, envelope: Envelope) -> str | None:
+        """Send the chunk's mail; its ``Message-ID`` is the chunk's provider id."""
+        mail = build_mail(envelope, self.account.sender)
+        await asyncio.to_thread(self._send_blocking, mail)
+        return str(mail["Message-ID"])
 
     async def aclose(self) -> None:
         return None

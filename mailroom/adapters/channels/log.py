@@ -18,7 +18,7 @@ class LogChannel:
     def __init__(self, account: str, settings: DeliverySettings) -> None:
         self.account = account
 
-    async def send(self, envelope: Envelope) -> None:
+    async def send(self, envelope: Envelope) -> str | None:
         logger.info(
             "Notification %s chunk %d/%d to %r via log/%s (%d chars)",
             envelope.message_id,
@@ -28,6 +28,7 @@ class LogChannel:
             self.account,
             len(envelope.body),
         )
+        return None
 
     async def aclose(self) -> None:
         return None

@@ -48,7 +48,7 @@ class RateLimit:
         self.burst = max(1, burst)
 
     def wrap(self, send: Send) -> Send:
-        async def limited(envelope: Envelope) -> None:
+        async def limited(envelope: Envelope) -> str | None:
             wait_ms = await self.redis.take_tokens(
                 self.channel, self.account, per_second=self.per_second, burst=self.burst
             )
@@ -57,7 +57,7 @@ class RateLimit:
                     f"rate limit of {self.channel}:{self.account} reached",
                     retry_after_s=wait_ms / 1000,
                 )
-            await send(envelope)
+            return await send(envelope)
 
         return limited
 
@@ -65,8 +65,12 @@ class RateLimit:
 def rate_limit(
     channel: str, account: str, settings: DeliverySettings, redis: DeliveryRedis | None
 ) -> RateLimit | None:
-    """The rate limit of ``settings.rate_limits["channel:account"]``, when one is set."""
-    limit = settings.rate_limits.get(f"{channel}:{account}")
+    """The rate limit of ``settings.rate_limits["channel:account"]``, else the channel's own."""
+    from mailroom.adapters.channels import plugin
+
+    limit = (
+        settings.rate_limits.get(f"{channel}:{account}") or plugin(channel).capabilities.rate_limit
+    )
     if limit is None:
         return None
     if redis is None:

@@ -27,7 +27,7 @@ from email.utils import parsedate_to_datetime
 import httpx
 
 from mailroom import outbound, webhooks
-from mailroom.adapters.channels import register
+from mailroom.adapters.channels import Capabilities, register
 from mailroom.delivery.ports import Envelope
 from mailroom.errors import ChannelRejected, ChannelUnavailable, RateLimited, UnknownAccount
 from mailroom.settings import DeliverySettings, WebhookAccount
@@ -35,11 +35,17 @@ from mailroom.settings import DeliverySettings, WebhookAccount
 #: Longest wait for the DNS answer of a webhook host, in seconds.
 RESOLVE_TIMEOUT_S = 10.0
 
+#: Longest provider id kept per chunk, in characters.
+MAX_ID_CHARS = 200
+
+#: Largest JSON answer read for an id, in bytes.
+MAX_ID_BODY_BYTES = 64 * 1024
+
 #: Longest wait a ``Retry-After`` header may ask for, in seconds.
 MAX_RETRY_AFTER_S = 3600.0
 
 
-@register("webhook", idempotent=True)
+@register("webhook", Capabilities(idempotent=True))
 class WebhookChannel:
     """POSTs each chunk to the account's URL over one pooled HTTP client."""
 
@@ -54,7 +60,7 @@ class WebhookChannel:
             timeout=found.timeout_s, follow_redirects=False, trust_env=False
         )
 
-    async def send(self, envelope: Envelope) -> None:
+    async def send(self, envelope: Envelope) -> str | None:
         body = json.dumps(
             {
                 "message_id": envelope.message_id,
@@ -89,6 +95,7 @@ class WebhookChannel:
                 detail = f"{type(exc).__name__}: {exc}"
                 raise ChannelUnavailable(f"webhook unreachable: {detail}") from exc
         _check(response)
+        return provider_id(response)
 
     async def aclose(self) -> None:
         await self._client.aclose()
@@ -126,6 +133,20 @@ async def _resolve(host: str, port: int) -> list[outbound.Address]:
     if not addresses:
         raise ChannelUnavailable(f"webhook host {host!r} resolved to no address")
     return addresses
+
+
+def provider_id(response: httpx.Response) -> str | None:
+    """The receiver's id for what it took: an ``X-Message-Id`` header, else ``id`` in a JSON body."""
+    found: object = response.headers.get("X-Message-Id")
+    if not found and response.headers.get("Content-Type", "").startswith("application/json"):
+        try:
+            body = response.json() if len(response.content) <= MAX_ID_BODY_BYTES else None
+        except ValueError:
+            body = None
+        found = body.get("id") if isinstance(body, dict) else None
+    if isinstance(found, str | int) and not isinstance(found, bool) and str(found).strip():
+        return str(found).strip()[:MAX_ID_CHARS]
+    return None
 
 
 def _check(response: httpx.Response) -> None:
