@@ -72,6 +72,7 @@ def exported_series(monkeypatch: pytest.MonkeyPatch) -> set[str]:
     # The modules that define the counters of the bridges, the scheduler and the workers.
     import bridges.nats  # noqa: F401
     import mailroom.delivery.metrics
+    import mailroom.recognition.gate
     import mailroom.recognition.violations  # noqa: F401
     import scheduling.metrics  # noqa: F401
 
