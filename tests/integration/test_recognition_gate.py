@@ -18,9 +18,10 @@ from pydantic import SecretStr
 
 from actors.recognition import expire_recognition_deadlines as watchdog_actor
 from actors.recognition import publish_recognition_requests as outbox_actor
-from mailroom.adapters.nats import NatsClient
+from mailroom.adapters.nats import InMemoryPublisher, NatsClient
 from mailroom.adapters.storage import build_store, content_key
 from mailroom.cli.status import collect_status
+from mailroom.recognition.contracts import RecognitionRequest
 from mailroom.recognition.gate import check_gate
 from mailroom.recognition.inbox import InboxMessage, apply_recognition_messages
 from mailroom.recognition.outbox import publish_recognition_requests
@@ -214,3 +215,41 @@ async def test_watchdog_holds_jobs_while_nats_is_unreachable_then_gives_them_a_n
     assert "gate_reopened" in job["metrics"]
     gates = await recognition_factory.rows("SELECT closed_at FROM recognition_gate")
     assert [g["closed_at"] for g in gates] == [None, None]
+
+
+async def test_a_held_pipeline_still_publishes_new_requests_and_the_other_pipeline_runs_as_usual(
+    db_sessions, recognition_factory, recognition_settings
+):
+    settings = recognition_settings
+    queued = await recognition_factory.create_job()
+    held_waiting = await recognition_factory.create_job(
+        status="published", published_at=T0, reply_deadline=T0 + timedelta(seconds=300)
+    )
+    image = await recognition_factory.create_job(
+        pipeline="image",
+        file_type="png",
+        status="published",
+        published_at=T0,
+        reply_deadline=T0 + timedelta(seconds=300),
+        metrics={"republish_count": 3},
+    )
+    publisher = InMemoryPublisher()
+
+    outbox = await publish_recognition_requests(
+        db_sessions,
+        publisher,
+        nats=settings.nats,
+        recognition=settings.recognition,
+        now=T0 + timedelta(seconds=200),
+        held={"tabular"},
+    )
+
+    assert outbox.published == [queued.job_id], "intake's new files still go out"
+    assert outbox.probed == [held_waiting.job_id] and outbox.republished == []
+    assert outbox.dead_lettered == [image.job_id], "the image pipeline is not held"
+    probe = next(m for m in publisher.published if m.msg_id.startswith(str(held_waiting.job_id)))
+    assert RecognitionRequest.model_validate_json(probe.data).reply_deadline == T0 + timedelta(
+        seconds=500
+    ), "the deadline the reopening gate will give"
+    job = await recognition_factory.job(held_waiting.job_id)
+    assert (job["status"], job["metrics"]) == ("published", {})
