@@ -83,8 +83,11 @@ async def _maildir_backend(args: argparse.Namespace) -> tuple[Any, Any]:
     return MaildirBackend(Login(config), config), config
 
 
-def self_signed_certificate(folder: Path) -> tuple[Path, Path]:
-    """A certificate for 127.0.0.1 that is its own CA: (certificate file, key file)."""
+def self_signed_certificate(folder: Path, name: str = "127.0.0.1") -> tuple[Path, Path]:
+    """A certificate for ``name`` (an IP address or a DNS name) that is its own CA.
+
+    Returns (certificate file, key file), written in ``folder``.
+    """
     import ipaddress
 
     from cryptography import x509
@@ -92,25 +95,26 @@ def self_signed_certificate(folder: Path) -> tuple[Path, Path]:
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
 
+    try:
+        alt_name: x509.GeneralName = x509.IPAddress(ipaddress.ip_address(name))
+    except ValueError:
+        alt_name = x509.DNSName(name)
     key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
     now = datetime.now(UTC)
     certificate = (
         x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
+        .subject_name(subject)
+        .issuer_name(subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - timedelta(days=1))
         .not_valid_after(now + timedelta(days=1))
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-            critical=False,
-        )
+        .add_extension(x509.SubjectAlternativeName([alt_name]), critical=False)
         .sign(key, hashes.SHA256())
     )
-    cert_file, key_file = folder / "imap-cert.pem", folder / "imap-key.pem"
+    cert_file, key_file = folder / f"{name}-cert.pem", folder / f"{name}-key.pem"
     cert_file.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
     key_file.write_bytes(
         key.private_bytes(

@@ -11,7 +11,6 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from mailroom.adapters.redis import DeliveryRedis
 from mailroom.delivery.deliver import Deliverer, Outcome
 from mailroom.delivery.locks import LockOwner
 from mailroom.delivery.ports import Envelope
+from mailroom.devtools.imap import self_signed_certificate
 from mailroom.devtools.sinks import WebhookSink, new_secret
 from mailroom.errors import ChannelUnavailable
 from mailroom.settings import DeliverySettings, WebhookAccount
@@ -211,44 +211,10 @@ async def test_an_unlisted_or_plain_http_url_is_refused_at_send(
 # --- https to a checked address: the certificate is still checked against the name ----------
 
 
-def _certificate_for(name: str, folder: Path) -> tuple[Path, Path]:
-    """A self-signed certificate for the DNS name ``name`` (certificate file, key file)."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    now = datetime.now(UTC)
-    certificate = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - timedelta(days=1))
-        .not_valid_after(now + timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
-        .sign(key, hashes.SHA256())
-    )
-    cert_file, key_file = folder / f"{name}.pem", folder / f"{name}-key.pem"
-    cert_file.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
-    key_file.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return cert_file, key_file
-
-
 @pytest.fixture
 def https_receiver(request, tmp_path) -> Iterator[tuple[int, Path, list[str]]]:
     """An https server on 127.0.0.1 whose certificate names ``request.param``: (port, CA, Hosts)."""
-    cert_file, key_file = _certificate_for(request.param, tmp_path)
+    cert_file, key_file = self_signed_certificate(tmp_path, request.param)
     hosts: list[str] = []
 
     class Handler(BaseHTTPRequestHandler):
