@@ -6,6 +6,7 @@ Read-only: status never creates the stream, the consumer or a bucket.
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Any
 
 import nats.errors
@@ -98,9 +99,15 @@ async def object_store_state(settings: Settings) -> dict[str, Any]:
     if settings.storage.kind == "filesystem":
         root = settings.storage_root.resolve()
         report["where"] = str(settings.storage.root)
-        report["reachable"] = root.is_dir()
+        if root.is_dir():
+            report["reachable"] = os.access(root, os.R_OK | os.W_OK | os.X_OK)
+        else:
+            # A fresh install: the first put creates the folder, if it may.
+            parent = next(p for p in root.parents if p.exists())
+            report["reachable"] = os.access(parent, os.W_OK | os.X_OK)
+            report["note"] = "not created yet (the first stored mail creates it)"
         if not report["reachable"]:
-            report["error"] = "the store's root folder does not exist (created by the first put)"
+            report["error"] = f"no read and write access to {root}"
         return report
     report["where"] = settings.storage.s3_endpoint_url or "AWS S3"
     store = build_store(settings)

@@ -209,3 +209,12 @@ def test_notify_without_a_subject_sends_the_first_line_as_subject(seeded):
             "SELECT subject FROM channel_message WHERE recipient = 'ops' AND body LIKE 'Invoice%'"
         ).fetchone()
     assert row == ("Invoice 42 is late",)
+
+
+def test_a_filesystem_store_not_created_yet_is_reachable_and_said_so(seeded, tmp_path, monkeypatch):
+    monkeypatch.setenv("MAILROOM_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("MAILROOM_NATS__JETSTREAM", "false")
+    store = _json_status()["object_store"]
+    assert store["reachable"] is True and "not created yet" in store["note"]
+    (tmp_path / "state" / "objects").mkdir(parents=True)
+    assert "note" not in _json_status()["object_store"]
