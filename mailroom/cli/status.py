@@ -172,7 +172,7 @@ def _print_work(report: dict[str, Any], console: Console) -> None:
     oldest = Table(title="Oldest item per stage", box=box.SIMPLE_HEAD)
     oldest.add_column("stage")
     oldest.add_column("oldest", justify="right")
-    oldest.add_column("counts items that are")
+    oldest.add_column("what waits")
     for stage, seconds in report["oldest_s"].items():
         oldest.add_row(stage, format_age(seconds), STAGES[stage])
     console.print(oldest)
@@ -245,5 +245,6 @@ def _jetstream_line(state: dict[str, Any]) -> str:
 def _object_store_line(state: dict[str, Any]) -> str:
     where = f"object store ({state['kind']}, {escape(state['where'])})"
     if state["reachable"]:
-        return f"{where}: reachable"
+        note = f" ({escape(state['note'])})" if "note" in state else ""
+        return f"{where}: reachable{note}"
     return f"{where}: [red]unreachable:[/] {escape(state.get('error', ''))}"
