@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
@@ -16,6 +17,9 @@ from mailroom.stop_signals import handle_stop_signals
 from scheduling import metrics
 from scheduling.jobs import PeriodicJob, job_table
 from scheduling.leader import LeaderElection
+
+if TYPE_CHECKING:
+    from mailroom.metrics_gauges import WorkStateCollector
 
 logger = logging.getLogger(__name__)
 
@@ -106,14 +110,16 @@ class SchedulerService:
             scheduler.shutdown(wait=False)
 
 
-def register_work_state(settings: Settings, service: SchedulerService) -> None:
+def register_work_state(settings: Settings, service: SchedulerService) -> WorkStateCollector:
     """The work-state gauges, exported by the leading scheduler only (counted once)."""
     from prometheus_client import REGISTRY
 
     from mailroom.metrics_gauges import WorkStateCollector
 
     dsn = libpq_dsn(database_url(settings.database))
-    REGISTRY.register(WorkStateCollector(dsn, active=service.is_leader.is_set))
+    collector = WorkStateCollector(dsn, active=service.is_leader.is_set)
+    REGISTRY.register(collector)
+    return collector
 
 
 def run(settings: Settings) -> int:

@@ -68,3 +68,22 @@ def test_gauges_say_when_postgres_does_not_answer():
 def test_a_standby_scheduler_exports_no_gauges(database_url):
     samples = _scrape(WorkStateCollector(libpq_dsn(database_url), active=lambda: False))
     assert samples == {}
+
+
+def test_the_scheduler_serves_the_gauges_while_it_leads(database_url):
+    from prometheus_client import REGISTRY
+
+    from mailroom.settings import Settings
+    from scheduling.runner import SchedulerService, register_work_state
+
+    settings = Settings(database={"url": database_url}, metrics={"port": 1})
+    service = SchedulerService(settings)
+    collector = register_work_state(settings, service)
+    try:
+        assert b"mailroom_needs_operator" not in generate_latest(REGISTRY)  # standing by
+        service.is_leader.set()
+        text = generate_latest(REGISTRY).decode()
+        assert 'mailroom_needs_operator{item="jobs_dlq"} 0.0' in text
+        assert "mailroom_state_up 1.0" in text
+    finally:
+        REGISTRY.unregister(collector)
