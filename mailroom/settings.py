@@ -442,7 +442,7 @@ class RecognitionSettings(StrictModel):
     #: Health gate: when no service of a pipeline answered (ack or result) for this long while
     #: one of its requests has waited as long unacked, the outbox and the watchdog hold its jobs
     #: (no republish counted, no ``dlq``, no timeout) until a service answers, in seconds. Keep
-    #: it under ack_timeout_s × (max_republish + 1), or jobs are dead-lettered before it closes.
+    #: it under ack_timeout_s x (max_republish + 1), or jobs are dead-lettered before it closes.
     silence_after_s: float = Field(default=60.0, gt=0)
 
 

@@ -120,6 +120,7 @@ _SETTLE_FILE = text(
     """
 )
 
+
 async def accept_file(
     session: AsyncSession,
     file_id: int,

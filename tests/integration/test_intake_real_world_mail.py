@@ -10,8 +10,8 @@ from email.mime.text import MIMEText
 
 import pytest
 
-from tests.fixtures.imap import on_every_server
 from mailroom.devtools.tnef import make_winmail
+from tests.fixtures.imap import on_every_server
 
 pytestmark = [pytest.mark.integration, on_every_server]
 

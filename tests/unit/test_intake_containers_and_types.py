@@ -10,9 +10,9 @@ from email.mime.text import MIMEText
 
 import pytest
 
+from mailroom.devtools.tnef import make_winmail
 from mailroom.intake.filetypes import classify
 from mailroom.intake.parsing import Limits, parse_mail
-from mailroom.devtools.tnef import make_winmail
 
 LIMITS = Limits(max_attachment_bytes=100_000, max_mail_bytes=1_000_000, max_attachments=20)
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 5000
