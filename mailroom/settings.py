@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -635,6 +635,25 @@ class RuntimeConfigSettings(StrictModel):
     #: Copy the environment's mailboxes, accounts and routes into the table at start
     #: (rows an operator changed are left alone).
     seed: bool = True
+
+    @field_validator("key")
+    @classmethod
+    def _check_key(cls, key: SecretStr) -> SecretStr:
+        """A mistyped key fails at load, not at the first row with a secret."""
+        from cryptography.fernet import Fernet
+
+        if not key.get_secret_value():
+            return key
+        for index, part in enumerate(key.get_secret_value().split(",")):
+            try:
+                Fernet(part.strip())
+            except (ValueError, TypeError):
+                raise ValueError(
+                    f"key {index + 1} is not a Fernet key (urlsafe base64 of 32 bytes; make one "
+                    "with: python -c 'from cryptography.fernet import Fernet; "
+                    "print(Fernet.generate_key().decode())')"
+                ) from None
+        return key
 
 
 class RetentionSettings(StrictModel):

@@ -68,3 +68,14 @@ def test_rows_are_validated_by_the_settings_models():
         )
     route = kinds.validate("route", "r", {"channel": "log", "recipient": "x"}, delivery=delivery)
     assert route.recipient == "x"  # type: ignore[attr-defined]
+
+
+def test_a_mistyped_key_fails_at_load_in_one_line():
+    from pydantic import ValidationError
+
+    from mailroom.settings import RuntimeConfigSettings
+
+    good = Fernet.generate_key().decode()
+    assert RuntimeConfigSettings(key=f"{good},{good}").key.get_secret_value().startswith(good)
+    with pytest.raises(ValidationError, match=r"key 2 is not a Fernet key"):
+        RuntimeConfigSettings(key=f"{good},oops")
