@@ -79,3 +79,19 @@ def test_a_mistyped_key_fails_at_load_in_one_line():
     assert RuntimeConfigSettings(key=f"{good},{good}").key.get_secret_value().startswith(good)
     with pytest.raises(ValidationError, match=r"key 2 is not a Fernet key"):
         RuntimeConfigSettings(key=f"{good},oops")
+
+
+def test_a_nested_oauth_client_secret_is_encrypted_and_masked_too():
+    cipher = Cipher(Fernet.generate_key().decode())
+    oauth = {
+        "token_url": "https://login.example.com/token",
+        "client_id": "mailroom",
+        "client_secret": "s3cr3t-value",
+        "grant": "client_credentials",
+    }
+    mailbox = MailboxSettings(name="o", host="h", username="u", auth="xoauth2", oauth=oauth)
+    stored = secrets.dump(mailbox, cipher, where="mailbox 'o'")
+    assert "s3cr3t-value" not in json.dumps(stored)
+    assert secrets.masked(stored)["oauth"]["client_secret"] == MASK
+    back = MailboxSettings.model_validate(secrets.load(stored, cipher, where="x"))
+    assert back.oauth is not None and back.oauth.client_secret.get_secret_value() == "s3cr3t-value"
