@@ -11,7 +11,7 @@ from mailroom.audit import OPERATOR, add_audit_event
 from mailroom.config_store import kinds, rows, secrets
 from mailroom.config_store.secrets import Cipher
 from mailroom.errors import RuntimeConfigInvalid
-from mailroom.settings import Settings
+from mailroom.settings import NotificationRoute, Settings
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,8 @@ async def add(
 ) -> int:
     """Validate ``config`` with the settings model, encrypt its secrets, store it; its version."""
     model = kinds.validate(kind, name, config, delivery=settings.delivery)
+    if isinstance(model, NotificationRoute):
+        await _check_route_account(session, settings, name, model)
     cipher = Cipher(settings.runtime_config.key.get_secret_value())
     stored = secrets.dump(model, cipher, where=f"{kind} {name!r}")
     existing = await rows.get_row(session, kind, name)
@@ -60,6 +62,24 @@ async def add(
     assert row is not None
     await session.refresh(row)
     return row.version
+
+
+async def _check_route_account(
+    session: AsyncSession, settings: Settings, name: str, route: NotificationRoute
+) -> None:
+    """A route to a webhook or e-mail account that exists nowhere is refused, as at load."""
+    if route.channel not in kinds.ACCOUNT_MODELS:
+        return  # other channels take any account name
+    delivery = settings.delivery
+    in_env = route.account in (
+        delivery.webhook_accounts if route.channel == "webhook" else delivery.email_accounts
+    )
+    row_name = f"{route.channel}:{route.account}"
+    if not in_env and await rows.get_row(session, "account", row_name) is None:
+        raise RuntimeConfigInvalid(
+            f"route {name!r}: no {route.channel} account {route.account!r}; add it first "
+            f"(mailroom accounts add {row_name} ...)"
+        )
 
 
 async def set_enabled(

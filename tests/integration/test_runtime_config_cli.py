@@ -52,6 +52,10 @@ def test_show_masks_secrets_and_list_shows_what_each_row_points_at(env):
     assert code == 1 and "webhook:x" in output and output.count("\n") <= 2, output
     code, output = _invoke("accounts", "disable", "webhook:nope")
     assert code == 1 and "no account 'webhook:nope'" in output
+    code, output = _invoke("routes", "add", "r", "--set", "channel=webhook", "--set", "account=x")
+    assert code == 1 and "no webhook account 'x'; add it first" in output
+    code, output = _invoke("routes", "add", "r", "--set", "channel=webhook", "--set", "account=erp")
+    assert code == 0, output
 
 
 def test_migrate_seeds_the_environment_and_leaves_operator_rows_alone(env, monkeypatch):
