@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import os
 import shutil
+import signal
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,13 +36,22 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def state_dir(args: argparse.Namespace, prefix: str) -> Path:
-    """A fresh folder for the run's state; the caller removes it."""
+    """A fresh folder for the run's state; the caller removes it.
+
+    SIGTERM (``timeout``, a supervisor) becomes SystemExit, so the run's ``finally``
+    blocks stop the servers and processes it started instead of orphaning them.
+    """
+    signal.signal(signal.SIGTERM, _exit)
     fast_base = SHM if SHM.is_dir() else ROOT / ".mailroom"
     base = args.workdir or (fast_base if args.fast else ROOT / ".mailroom")
     base.mkdir(parents=True, exist_ok=True)
     folder = Path(tempfile.mkdtemp(prefix=prefix, dir=base)).resolve()
     print(describe(args, folder), flush=True)
     return folder
+
+
+def _exit(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def describe(args: argparse.Namespace, folder: Path) -> str:

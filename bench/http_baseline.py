@@ -1,6 +1,7 @@
 """Helpers of ``bench/delivery.py``, each run as its own process so neither shares a GIL.
 
-* ``sink PORT SECRET``: the dev webhook sink (verifies every signature, answers 200)
+* ``sink PORT SECRET``: a webhook sink that verifies every signature as the dev sink
+  does (``mailroom.webhooks.verify``) and answers 200, over HTTP/1.1 keep-alive,
   until SIGTERM;
 * ``posts URL SECRET COUNT CONCURRENCY``: the raw baseline, httpx POSTs of the bodies
   the webhook channel sends (same JSON, same signature headers) at a concurrency;
@@ -13,22 +14,50 @@ import asyncio
 import json
 import signal
 import sys
-import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def run_sink(port: int, secret: str) -> None:
-    from mailroom.devtools.sinks import WebhookSink
+async def _serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, secret: str) -> None:
+    """HTTP/1.1 with keep-alive: verify each POST's signature and JSON, answer 200 (or 401)."""
+    from mailroom import webhooks
 
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    sink = WebhookSink(port=port, secrets=[secret]).start()
-    print("ready", flush=True)
-    stop.wait()
-    sink.stop()
+    try:
+        while head := await reader.readuntil(b"\r\n\r\n"):
+            lines = head.decode("latin-1").split("\r\n")
+            headers = dict(line.split(": ", 1) for line in lines[1:] if ": " in line)
+            lowered = {k.lower(): v for k, v in headers.items()}
+            body = await reader.readexactly(int(lowered.get("content-length", "0")))
+            try:
+                webhooks.verify(headers, body, secrets=[secret])
+                json.loads(body)
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+            except (webhooks.WebhookVerificationError, ValueError):
+                writer.write(b"HTTP/1.1 401 Unauthorized\r\nContent-Length: 0\r\n\r\n")
+            await writer.drain()
+    except (asyncio.IncompleteReadError, ConnectionError):
+        pass
+    finally:
+        writer.close()
+
+
+def run_sink(port: int, secret: str) -> None:
+    """A small asyncio sink: the stdlib dev sink (a thread and a connection per request)
+    cannot take hundreds of senders at once, and would be what is measured."""
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+        server = await asyncio.start_server(
+            lambda r, w: _serve(r, w, secret), "127.0.0.1", port, backlog=1024
+        )
+        print("ready", flush=True)
+        async with server:
+            await stop.wait()
+
+    asyncio.run(main())
 
 
 async def posts(url: str, secret: str, count: int, concurrency: int) -> float:
@@ -60,7 +89,8 @@ async def posts(url: str, secret: str, count: int, concurrency: int) -> float:
             response = await client.post(url, content=body, headers=headers)
             response.raise_for_status()
 
-    async with httpx.AsyncClient(timeout=30, trust_env=False) as client:
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(timeout=30, trust_env=False, limits=limits) as client:
         started = time.perf_counter()
         await asyncio.gather(*(post_all(client) for _ in range(concurrency)))
         return count / (time.perf_counter() - started)
