@@ -454,6 +454,9 @@ class RecognizerSettings(StrictModel):
     #: Extra wait before each answer, in seconds.
     delay_s: float = 0.0
     service_name: str = "mailroom-reference-recognizer"
+    #: Run even beside a mailbox marked ``real`` (its extraction is not fit for real mail);
+    #: ``mailroom dev`` sets it for its own stack.
+    allow_real_mailboxes: bool = False
 
 
 class WebhookAccount(StrictModel):

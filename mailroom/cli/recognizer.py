@@ -8,7 +8,6 @@ any failure. It reads no database, only NATS and the object store.
 from __future__ import annotations
 
 import asyncio
-import os
 
 import typer
 from rich.console import Console
@@ -34,7 +33,7 @@ def recognizer(ctx: typer.Context) -> None:
     from mailroom.recognition.reference import run
 
     settings = load_settings("recognizer")
-    refusal = real_mailbox_refusal(settings, os.environ)
+    refusal = real_mailbox_refusal(settings)
     if refusal is not None:
         typer.echo(f"mailroom: recognizer: refusing to start: {refusal}", err=True)
         raise typer.Exit(errors.EXIT_CONFIG)

@@ -25,7 +25,7 @@ from mailroom.devtools.sinks import SmtpSink, WebhookSink
 from mailroom.devtools.stack import EmbeddedNats, EmbeddedPostgres, EmbeddedRedis, ServerStartError
 from mailroom.devtools.supervisor import Child, Supervisor
 from mailroom.migrate import PROJECT_ROOT, upgrade
-from mailroom.recognition.pairing import DEV_FLAG
+from mailroom.recognition.pairing import ALLOW_REAL_MAILBOXES
 from mailroom.settings import (
     DEV_IMAP_PORT,
     DEV_SMTP_PORT,
@@ -136,7 +136,7 @@ def run_dev(
     name = "MAILROOM_INTAKE__MAILBOXES"
     os.environ[name] = dev_mailboxes(os.environ.get(name), imap_port=imap_port)
     # The reference recognizer may run beside a mailbox marked real only here (pairing.py).
-    os.environ[DEV_FLAG] = "1"
+    os.environ[ALLOW_REAL_MAILBOXES] = "true"
     settings = Settings(state_dir=Path(state_dir)) if state_dir else Settings()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     console = Console()

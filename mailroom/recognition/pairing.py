@@ -3,24 +3,22 @@
 It extracts with simple rules and answers with confidence it has not earned; beside
 a mailbox of real mail it would settle real documents. A mailbox says it is real
 (``real: true``); the reference recognizer (``mailroom recognizer``), which knows
-what it is, refuses to start while one is configured, except under ``mailroom dev``,
-which marks its children with ``DEV_FLAG``.
+what it is, refuses to start while one is configured, unless
+``recognizer.allow_real_mailboxes`` says otherwise (``mailroom dev`` sets it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from mailroom.settings import Settings
 
-#: Set to ``1`` by ``mailroom dev`` in the environment of every process it starts.
-DEV_FLAG = "MAILROOM_DEV"
+#: The variable ``mailroom dev`` sets in its own environment, which its children inherit.
+ALLOW_REAL_MAILBOXES = "MAILROOM_RECOGNIZER__ALLOW_REAL_MAILBOXES"
 
 
-def real_mailbox_refusal(settings: Settings, environ: Mapping[str, str]) -> str | None:
+def real_mailbox_refusal(settings: Settings) -> str | None:
     """Why the reference recognizer must not start with these settings; None when it may."""
     real = [mailbox.name for mailbox in settings.intake.mailboxes if mailbox.real]
-    if not real or environ.get(DEV_FLAG) == "1":
+    if not real or settings.recognizer.allow_real_mailboxes:
         return None
     names = ", ".join(repr(name) for name in real)
     return (

@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 
 from mailroom.migrate import PROJECT_ROOT
 from mailroom.recognition.gate import gate_lines, silence_reason
-from mailroom.recognition.pairing import DEV_FLAG, real_mailbox_refusal
+from mailroom.recognition.pairing import real_mailbox_refusal
 from mailroom.settings import Settings
 
 NOW = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
@@ -57,10 +57,14 @@ def test_status_line_says_since_when_why_and_that_jobs_wait():
 
 def test_reference_recognizer_may_run_beside_real_mail_only_under_mailroom_dev():
     real = Settings(intake={"mailboxes": [{**MAILBOX, "real": True}]})
-    refusal = real_mailbox_refusal(real, {})
+    refusal = real_mailbox_refusal(real)
     assert refusal is not None and "'billing' is marked real" in refusal
-    assert real_mailbox_refusal(real, {DEV_FLAG: "1"}) is None
-    assert real_mailbox_refusal(Settings(intake={"mailboxes": [MAILBOX]}), {}) is None
+    allowed = Settings(
+        intake={"mailboxes": [{**MAILBOX, "real": True}]},
+        recognizer={"allow_real_mailboxes": True},
+    )
+    assert real_mailbox_refusal(allowed) is None
+    assert real_mailbox_refusal(Settings(intake={"mailboxes": [MAILBOX]})) is None
 
 
 def test_recognizer_command_refuses_a_real_mailbox_in_one_line_and_exits_2():
