@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
 from rich import box
@@ -49,10 +49,18 @@ def _when(value: datetime | None) -> str:
 @app.command()
 def status() -> None:
     """Show every mailbox cursor: position, retries, lease or next try, and why it stopped."""
+    from mailroom.config_store import effective
     from mailroom.intake.operations import list_cursors
 
     settings = Settings()
-    views = _run(settings, list_cursors)
+    key = settings.runtime_config.key.get_secret_value()
+
+    async def cursors_and_mailboxes(sessions: async_sessionmaker[AsyncSession]) -> Any:
+        # The mailboxes of the environment and of the runtime table, as the poller sees them.
+        intake = await effective.intake_settings(sessions, settings.intake, key)
+        return await list_cursors(sessions), intake.mailboxes
+
+    views, mailboxes = _run(settings, cursors_and_mailboxes)
     # Few, short columns: readable at 80 columns; the problem cell wraps.
     table = Table(title="Mailbox cursors", box=box.SIMPLE_HEAD)
     table.add_column("mailbox/folder")
@@ -79,7 +87,7 @@ def status() -> None:
             escape(problem[: 2 * ERROR_CHARS]),
             style=style,
         )
-    for mailbox in settings.intake.mailboxes:
+    for mailbox in mailboxes:
         if (mailbox.name, mailbox.folder) not in seen:
             state = "not polled yet" if mailbox.enabled else "disabled"
             table.add_row(escape(f"{mailbox.name}/{mailbox.folder}"), state, style="dim")

@@ -22,6 +22,7 @@ from sqlalchemy.orm import InstrumentedAttribute
 from mailroom.adapters.storage import ObjectStore
 from mailroom.audit import SYSTEM, add_audit_event
 from mailroom.clock import db_after
+from mailroom.config_store import effective
 from mailroom.db import transaction
 from mailroom.identity import host_pid
 from mailroom.lifecycle.objects import DeletionReport, delete_queued_objects, release_objects
@@ -168,7 +169,11 @@ async def run_retention_pass(
     """
     config = settings.retention
     report = RetentionReport()
-    for mailbox in settings.intake.mailboxes:
+    # Mailboxes of the environment and of the runtime table, as the poller sees them.
+    intake = await effective.intake_settings(
+        sessions, settings.intake, settings.runtime_config.key.get_secret_value()
+    )
+    for mailbox in intake.mailboxes:
         if mailbox.retention_days is None:
             continue
         purged = 0

@@ -76,6 +76,9 @@ def test_a_mailbox_added_at_runtime_is_polled_at_the_next_pass_and_disabling_sto
     assert added.exit_code == 0, added.output
     stored = _query(settings, "SELECT config FROM runtime_config WHERE name = 'runtime'")
     assert mailbox.password.get_secret_value() not in json.dumps(stored), "stored encrypted"
+    listed = runner.invoke(app, ["intake", "status"], env={"COLUMNS": "200"})
+    assert listed.exit_code == 0, listed.output
+    assert f"runtime/{imap_folder}" in listed.output and "not polled yet" in listed.output
 
     _one_scheduler_pass(settings, stub_broker, intake_worker)
     assert _query(
