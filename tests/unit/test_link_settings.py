@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from mailroom import settings as settings_module
+from mailroom.settings import links as settings_module
 from mailroom.adapters.nats.login import connect_error, connect_options
 from mailroom.adapters.redis_client import async_client, link_options, sync_client
 from mailroom.cli.errors import describe

@@ -1,0 +1,118 @@
+"""Settings of intake: the mailboxes and the limits of what a mail may hold."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, SecretStr, model_validator
+
+from mailroom.settings.base import (
+    IMAP_PORTS,
+    StrictModel,
+    _default_port,
+)
+from mailroom.settings_oauth import AuthKind, OAuthSettings, check_login
+
+#: An IMAP flag: a keyword (an atom, RFC 3501) or a system flag such as ``\Flagged``.
+_IMAP_FLAG = re.compile(r"\\?[^\x00-\x20\x7f(){%*\"\\\]]+")
+
+
+class MailboxSettings(StrictModel):
+    """One IMAP folder that intake reads; ``name`` is what ``poll_mailbox`` is given."""
+
+    name: str
+    host: str
+    # NOTE: the 0 never stays (_port_for_security fills or refuses it); it lets callers omit it.
+    #: Default: 993 for ``ssl``, 143 for ``starttls``; ``plain`` needs it given.
+    port: int = 0
+    #: ``plain`` sends the password in clear: only for servers on loopback (``mailroom dev``).
+    security: Literal["ssl", "starttls", "plain"] = "ssl"
+    #: CA bundle that signs the server's certificate (self-signed servers); empty: system CAs.
+    ca_file: Path | None = None
+    username: str
+    #: Needed with auth ``password``; unused with a token login.
+    password: SecretStr = SecretStr("")
+    #: ``password`` (LOGIN), or ``xoauth2`` / ``oauthbearer`` with a token from ``oauth``.
+    auth: AuthKind = "password"
+    #: The token endpoint and grant of a token login (keys: token_url, client_id, client_secret,
+    #: grant, refresh_token, scope, refresh_margin_s, timeout_s; see the README on logins).
+    oauth: OAuthSettings | None = None
+    folder: str = "INBOX"
+    enabled: bool = True
+    #: Most mails one poll ingests; a fuller folder re-sends the poll at once.
+    batch_size: int = 50
+    idle: bool = True
+    #: Longest IDLE wait when nothing is new, in seconds.
+    idle_timeout_s: float = 10.0
+    #: A mailbox of real mail: the reference recognizer (``mailroom recognizer``) refuses to
+    #: start beside it outside ``mailroom dev``.
+    real: bool = False
+    #: Connect and read timeout of the IMAP socket, in seconds.
+    timeout_s: float = 30.0
+    #: Store images shown in the HTML body (by Content-ID) and images under
+    #: intake.min_image_bytes without sending them to recognition; false recognizes them too.
+    skip_inline_images: bool = True
+    #: What intake does to a mail on the server once it is stored: ``none`` leaves it unread
+    #: where it is; ``seen`` marks it read; ``flag`` sets after_ingest_flag; ``move`` moves it
+    #: to move_to. A failure is logged and never fails or repeats the ingest.
+    after_ingest: Literal["none", "seen", "flag", "move"] = "none"
+    #: The flag that after_ingest ``flag`` sets: a keyword (``$Mailroom``) or ``\Flagged``.
+    after_ingest_flag: str = "$Mailroom"
+    #: The folder after_ingest ``move`` moves ingested mail to (it must exist).
+    move_to: str | None = None
+    #: Days a final mail keeps its body, attachments and result objects; then the retention
+    #: pass removes them (rows and documents stay). Empty: kept forever.
+    retention_days: int | None = Field(default=None, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _port_for_security(cls, data: Any) -> Any:
+        return _default_port(data, IMAP_PORTS, "ssl")
+
+    @model_validator(mode="after")
+    def _check_login(self) -> MailboxSettings:
+        given = self.password if "password" in self.model_fields_set else None
+        check_login(f"mailbox {self.name!r}", self.auth, given, self.oauth)
+        return self
+
+    @model_validator(mode="after")
+    def _check_after_ingest(self) -> MailboxSettings:
+        """A ``move`` with nowhere to go, or a flag the server would refuse, fails at load."""
+        if self.after_ingest == "move" and not self.move_to:
+            raise ValueError(f"mailbox {self.name!r}: after_ingest 'move' needs move_to (a folder)")
+        if self.after_ingest == "move" and self.move_to == self.folder:
+            raise ValueError(f"mailbox {self.name!r}: move_to is the folder it reads")
+        if not _IMAP_FLAG.fullmatch(self.after_ingest_flag):
+            raise ValueError(
+                f"mailbox {self.name!r}: after_ingest_flag {self.after_ingest_flag!r} is not an "
+                "IMAP flag (a keyword such as $Mailroom, or \\Flagged)"
+            )
+        return self
+
+
+class IntakeSettings(StrictModel):
+    #: The IMAP folders to read, as a JSON list of objects (keys: see MailboxSettings).
+    mailboxes: list[MailboxSettings] = Field(default_factory=list)
+    #: Length of a mailbox lease, in seconds; the heartbeat renews it every third.
+    lease_s: float = 60.0
+    max_retries: int = 5
+    max_backoff_s: float = 300.0
+    max_attachment_bytes: int = 25 * 1024 * 1024
+    max_mail_bytes: int = 50 * 1024 * 1024
+    max_attachments: int = 100
+    #: How deep forwarded mails (.eml, message/rfc822) and winmail.dat are opened for their
+    #: files; 0 stores them whole, unopened.
+    max_nesting: int = 3
+    #: Images smaller than this are logos and icons, not documents (see a mailbox's
+    #: skip_inline_images), in bytes.
+    min_image_bytes: int = 4096
+    #: Mails per IMAP FETCH command.
+    fetch_chunk: int = 50
+    #: Bytes per IMAP FETCH command: mails over fetch_chunk_bytes / fetch_chunk are fetched alone.
+    #: Two fetches and three commit groups are in memory at once, so this bounds a poll's memory.
+    fetch_chunk_bytes: int = 32 * 1024 * 1024
+    #: Mails whose transactions are sent to Postgres together (each mail is still its own
+    #: transaction, committed in UID order); the next group is prepared meanwhile.
+    commit_group: int = 25

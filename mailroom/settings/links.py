@@ -1,0 +1,220 @@
+"""Settings of the links to the servers: Postgres, Redis, the broker, NATS, the object store."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+from typing import Literal
+from urllib.parse import urlsplit
+
+from pydantic import SecretStr, model_validator
+
+from mailroom.settings.base import (
+    DEV_NATS_PORT,
+    DEV_POSTGRES_PORT,
+    DEV_REDIS_PORT,
+    StrictModel,
+    TlsFiles,
+)
+
+
+class DatabaseSettings(StrictModel):
+    url: str = f"postgresql+psycopg://postgres@127.0.0.1:{DEV_POSTGRES_PORT}/mailroom"
+    pool_size: int = 5
+    #: Longest a statement may run before Postgres cancels it, in milliseconds.
+    statement_timeout_ms: int = 30_000
+    #: Longest wait for a new connection, in seconds (libpq counts whole seconds, at least 2).
+    connect_timeout_s: int = 5
+    #: An idle connection is probed (TCP keepalive) after this long, in seconds.
+    keepalive_idle_s: int = 10
+    #: Wait between unanswered keepalive probes, in seconds.
+    keepalive_interval_s: int = 5
+    #: Unanswered probes after which the connection is dead, in probes.
+    keepalive_count: int = 3
+    #: Unacknowledged data older than this ends the connection, in milliseconds (0: the OS's).
+    tcp_user_timeout_ms: int = 25_000
+    #: Password of the URL's user, kept out of the URL (a secret, never printed).
+    password: SecretStr = SecretStr("")
+    #: libpq ``sslmode``; empty: the URL's, else libpq's default (``prefer``). Use
+    #: ``verify-full`` with tls.ca_file to refuse a server whose certificate does not match.
+    sslmode: Literal["", "disable", "allow", "prefer", "require", "verify-ca", "verify-full"] = ""
+    #: ``sslrootcert`` (ca_file), ``sslcert`` and ``sslkey`` (client certificate) of libpq.
+    tls: TlsFiles = TlsFiles()
+
+    @model_validator(mode="after")
+    def _check_tls(self) -> DatabaseSettings:
+        """libpq ignores a root certificate unless sslmode verifies; say so at load."""
+        parts = urlsplit(self.url)
+        query = parts.query
+        if parts.password and self.password.get_secret_value():
+            raise ValueError("url carries a password and password is set too: give one")
+        if self.sslmode and "sslmode=" in query:
+            raise ValueError("sslmode is both in url and in sslmode: give it once")
+        if self.tls.given and re.search(r"\bssl(rootcert|cert|key)=", query):
+            raise ValueError("url carries sslrootcert/sslcert/sslkey and tls is set too: give one")
+        verifies = self.sslmode in ("require", "verify-ca", "verify-full") or (
+            not self.sslmode and "sslmode=" in query
+        )
+        if self.tls.ca_file is not None and not verifies:
+            mode = self.sslmode or "prefer"
+            raise ValueError(f"tls.ca_file is unused with sslmode {mode!r}: use verify-full")
+        return self
+
+
+class RedisSettings(StrictModel):
+    #: ``rediss://`` for TLS (then tls applies); credentials go in username and password.
+    url: str = f"redis://127.0.0.1:{DEV_REDIS_PORT}/0"
+    #: ACL user (Redis 6+); empty: ``default``. Also used by the broker's Redis.
+    username: str = ""
+    password: SecretStr = SecretStr("")
+    #: CA and client certificate of a ``rediss://`` link.
+    tls: TlsFiles = TlsFiles()
+    #: Longest wait for a new connection, in seconds.
+    connect_timeout_s: float = 2.0
+    #: Longest wait for a reply, in seconds (a blocking read waits its block time on top).
+    socket_timeout_s: float = 5.0
+    #: A pooled connection idle this long is PINGed before use, in seconds (0: never).
+    health_check_interval_s: int = 10
+    #: Retries of a command after a connection error or timeout, in attempts.
+    retry_attempts: int = 6
+    #: First wait before a retry, doubled per retry, in seconds.
+    retry_backoff_base_s: float = 0.05
+    #: Longest wait before a retry, in seconds.
+    retry_backoff_cap_s: float = 2.0
+
+
+class BrokerSettings(StrictModel):
+    kind: Literal["redis", "rabbitmq", "stub"] = "redis"
+    #: Used when ``kind`` is ``redis``; empty means ``redis.url``.
+    redis_url: str = ""
+    #: Used when ``kind`` is ``rabbitmq``; carries its user and password.
+    rabbitmq_url: str = "amqp://127.0.0.1:5672/"
+    namespace: str = "dramatiq"
+    #: A worker silent for this long is dead and its messages are requeued, in milliseconds.
+    heartbeat_timeout_ms: int = 10_000
+    #: How often each worker beats and runs queue maintenance, in seconds.
+    maintenance_interval_s: float = 2.0
+    #: Default retry backoff for actors without their own policy, in milliseconds.
+    retry_min_backoff_ms: int = 1_000
+    retry_max_backoff_ms: int = 300_000
+    #: How often an idle Dramatiq consumer looks for work, in milliseconds (Dramatiq: 1000).
+    #: Every actor hop of a mail can wait this long, so Dramatiq's default alone adds seconds.
+    worker_poll_ms: int = 100
+    prometheus: bool = False
+    prometheus_host: str = "127.0.0.1"
+    prometheus_port: int = 9191
+
+
+class NatsSettings(StrictModel):
+    #: ``tls://`` requires TLS; a server that asks for TLS gets it with ``nats://`` too.
+    url: str = f"nats://127.0.0.1:{DEV_NATS_PORT}"
+    #: Login by user and password (the server's ``authorization`` or an account's user).
+    user: str = ""
+    password: SecretStr = SecretStr("")
+    #: Login by token.
+    token: SecretStr = SecretStr("")
+    #: Login by NKey: a file holding the user's seed (``SU…``).
+    nkey_seed_file: Path | None = None
+    #: Login by JWT and NKey (decentralised auth): a ``.creds`` file.
+    creds_file: Path | None = None
+    #: CA and client certificate of the TLS link.
+    tls: TlsFiles = TlsFiles()
+    jetstream: bool = True
+    stream_name: str = "MAILROOM_FILES"
+    #: JetStream duplicate window for ``Nats-Msg-Id`` dedupe, in seconds.
+    duplicate_window_s: int = 600
+    subject_prefix: str = ""
+    tabular_subject: str = "files.tabular_uploaded"
+    image_subject: str = "files.img_uploaded"
+    results_subject: str = "files.tabular_parsed"
+    inbox_queue_group: str = "mailroom-inbox"
+    recognizer_queue_group: str = "mailroom-recognizer"
+    inbox_durable: str = "mailroom-inbox"
+    connect_timeout_s: float = 2.0
+    #: How often the client PINGs the server, in seconds (nats-py: 120).
+    ping_interval_s: float = 10.0
+    #: Unanswered PINGs after which the connection is dead and reconnects, in pings.
+    max_outstanding_pings: int = 2
+    #: Wait between reconnect attempts to one server, in seconds.
+    reconnect_wait_s: float = 0.5
+    #: Connect attempts before the first connection is given up (later ones never stop).
+    initial_connect_attempts: int = 2
+    #: Longest wait for a flush (core NATS) or publish acks (JetStream), in seconds.
+    publish_timeout_s: float = 5.0
+    #: JetStream keeps messages of the recognition stream this long, in seconds.
+    stream_max_age_s: float = 7 * 24 * 3600
+    #: Messages the bridge fetches per JetStream pull.
+    bridge_fetch_batch: int = 100
+    #: Longest wait of one JetStream pull, in seconds.
+    bridge_fetch_timeout_s: float = 1.0
+    #: Unacked JetStream messages are redelivered to a bridge after this long, in seconds.
+    bridge_ack_wait_s: float = 30.0
+    #: Results a core-NATS subscription buffers before it drops more (slow consumer), in messages.
+    core_pending_msgs_limit: int = 10_000
+    #: Bytes a core-NATS subscription buffers before it drops more (slow consumer), in bytes.
+    core_pending_bytes_limit: int = 64 * 1024 * 1024
+
+    def subject(self, name: str) -> str:
+        return f"{self.subject_prefix}{name}"
+
+    @model_validator(mode="after")
+    def _check_login(self) -> NatsSettings:
+        """One way to log in, complete, with its files present."""
+        ways = [
+            name
+            for name, given in (
+                ("user/password", self.user or self.password.get_secret_value()),
+                ("token", self.token.get_secret_value()),
+                ("nkey_seed_file", self.nkey_seed_file),
+                ("creds_file", self.creds_file),
+            )
+            if given
+        ]
+        if len(ways) > 1:
+            raise ValueError(f"give one way to log in, not {' and '.join(ways)}")
+        if bool(self.user) != bool(self.password.get_secret_value()):
+            raise ValueError("user and password go together: give both or neither")
+        for name in ("nkey_seed_file", "creds_file"):
+            path = getattr(self, name)
+            if path is not None and not path.is_file():
+                raise ValueError(f"{name} {str(path)!r} is not a file")
+            if path is not None and not nkeys_installed():
+                raise ValueError(f"{name} needs the nkeys package: pip install 'nats-py[nkeys]'")
+        return self
+
+
+def nkeys_installed() -> bool:
+    """Whether nats-py can sign with an NKey (its optional ``nkeys`` package)."""
+    return importlib.util.find_spec("nkeys") is not None
+
+
+class StorageSettings(StrictModel):
+    kind: Literal["filesystem", "s3"] = "filesystem"
+    #: Root folder of the filesystem store; relative paths are under ``state_dir``.
+    root: Path = Path("objects")
+    s3_endpoint_url: str | None = None
+    s3_region: str = "us-east-1"
+    s3_access_key: SecretStr = SecretStr("")
+    s3_secret_key: SecretStr = SecretStr("")
+    mail_bucket: str = "mailroom-mail"
+    incoming_bucket: str = "mailroom-incoming"
+    results_bucket: str = "mailroom-results"
+    #: Longest wait for an S3 connection, in seconds.
+    s3_connect_timeout_s: float = 5.0
+    #: Longest wait for S3 to send data on an open connection, in seconds.
+    s3_read_timeout_s: float = 30.0
+    #: Retries of a failed S3 request after the first, in attempts.
+    s3_retries: int = 2
+    #: Check the S3 server's TLS certificate; off only for a test endpoint.
+    s3_verify: bool = True
+    #: CA bundle that signs the S3 server's certificate; empty: the system's CAs.
+    s3_ca_file: Path | None = None
+
+    @model_validator(mode="after")
+    def _check_verify(self) -> StorageSettings:
+        if self.s3_ca_file is not None and not self.s3_verify:
+            raise ValueError("s3_ca_file is unused with s3_verify false: drop one of them")
+        if self.s3_ca_file is not None and not self.s3_ca_file.is_file():
+            raise ValueError(f"s3_ca_file {str(self.s3_ca_file)!r} is not a file")
+        return self

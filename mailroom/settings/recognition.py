@@ -1,0 +1,61 @@
+"""Settings of the recognition exchange and of the reference recognizer."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from mailroom.document_types import DocumentType
+from mailroom.settings.base import (
+    StrictModel,
+)
+
+
+class RecognitionSettings(StrictModel):
+    #: A published job with no ack for this long is republished, in seconds.
+    ack_timeout_s: float = 30.0
+    #: How long a recognition service has to answer, in seconds.
+    reply_deadline_s: float = 300.0
+    max_republish: int = 3
+    publish_batch_size: int = 500
+    #: Attempts in all (the first included) before a failed result settles.
+    automatic_attempts: int = 2
+    confidence_threshold: float = 0.8
+    #: Per type, the fields its documents need; a list inside ``required`` means one of them:
+    #: ``{"fund": {"required": [["investor_name", "customer_id"], "amount"]}}``.
+    document_types: dict[str, DocumentType] = Field(
+        default_factory=lambda: {
+            "invoice": DocumentType(required=["invoice_number", "total"]),
+            "generic": DocumentType(),
+        }
+    )
+    #: Results unmapped for this long are re-sent to mapping by the sweep, in seconds.
+    unmapped_after_s: float = 60.0
+    #: Jobs one unmapped-result sweep re-sends at most.
+    sweep_batch_size: int = 500
+    #: Jobs one watchdog transaction times out at most; a pass loops over batches, in jobs.
+    watchdog_batch_size: int = 500
+    #: Inbox messages larger than this are rejected unread, in bytes.
+    max_message_bytes: int = 256 * 1024
+    #: Result files larger than this are not mapped, in bytes.
+    max_result_bytes: int = 16 * 1024 * 1024
+    #: Tries of the inbox or of mapping at one job whose worker died (never came back),
+    #: counted in Postgres; past them the job fails (`*_ATTEMPTS_EXHAUSTED`).
+    max_processing_attempts: int = 5
+    #: Health gate: when no service of a pipeline answered (ack or result) for this long while
+    #: one of its requests has waited as long unacked, the outbox and the watchdog hold its jobs
+    #: (no republish counted, no ``dlq``, no timeout) until a service answers, in seconds. Keep
+    #: it under ack_timeout_s x (max_republish + 1), or jobs are dead-lettered before it closes.
+    silence_after_s: float = Field(default=60.0, gt=0)
+
+
+class RecognizerSettings(StrictModel):
+    """The reference recognizer (``mailroom recognizer``), with switchable faults for tests."""
+
+    #: Comma-separated faults: drop_acks, duplicate_results, drop_results, fail_with=CODE.
+    faults: str = ""
+    #: Extra wait before each answer, in seconds.
+    delay_s: float = 0.0
+    service_name: str = "mailroom-reference-recognizer"
+    #: Run even beside a mailbox marked ``real`` (its extraction is not fit for real mail);
+    #: ``mailroom dev`` sets it for its own stack.
+    allow_real_mailboxes: bool = False
