@@ -1,0 +1,120 @@
+"""Intake fairness: many mailboxes with a few mails each, all read by one system.
+
+200 mailboxes (one folder each on one pymap server) hold 10 mails each before the
+system starts; the whole system runs as ``mailroom dev`` runs it (``bench/e2e.py``'s
+harness and defaults, IDLE off so each mailbox is polled by the scheduler). For each
+mailbox, the time from start until its last mail is stored; the longest is the result.
+Durable by default (``--fast`` turns it off).
+
+Usage: ``uv run python bench/fairness.py [--quick] [--mailboxes N] [--mails N]``. The last
+line is ``RESULT intake_fairness_max_wait_s value=… target=10``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import durability  # noqa: E402
+from e2e import dev_defaults, mail  # noqa: E402
+
+from mailroom.db import libpq_dsn  # noqa: E402
+from mailroom.devtools.imap import DEMO_PASSWORD, DEMO_USER, ImapServer, demo_mailbox  # noqa: E402
+from mailroom.devtools.sinks import WebhookSink  # noqa: E402
+from mailroom.devtools.stack import EmbeddedNats, EmbeddedPostgres, EmbeddedRedis  # noqa: E402
+from mailroom.devtools.system import System, system_env  # noqa: E402
+from mailroom.migrate import upgrade  # noqa: E402
+
+STORED_SQL = """
+SELECT c.mailbox, count(m.id) FROM mailbox_cursor c JOIN inbound_mail m ON m.cursor_id = c.id
+ GROUP BY c.mailbox
+"""
+
+
+def fill(imap: ImapServer, folders: list[str], per_folder: int) -> None:
+    from imapclient import IMAPClient
+
+    with IMAPClient(imap.host, port=imap.port, ssl=False, timeout=120) as client:
+        client.login(DEMO_USER, DEMO_PASSWORD)
+        for folder in folders:
+            client.create_folder(folder)
+            client.multiappend(folder, [mail(folder, n) for n in range(per_folder)])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="the same run (it is short)")
+    parser.add_argument("--mailboxes", type=int, default=200)
+    parser.add_argument("--mails", type=int, default=10, help="mails per mailbox")
+    durability.add_flags(parser)
+    args = parser.parse_args()
+    folders = [f"box{n:03d}" for n in range(args.mailboxes)]
+    with durability.temporary_state(args, "mailroom-bench-fairness-") as base:
+        postgres = EmbeddedPostgres(base / "postgres", fast=args.fast).start()
+        redis_server = EmbeddedRedis(base / "redis").start()
+        nats_server = EmbeddedNats(base / "nats").start()
+        imap = ImapServer().start()
+        sink = WebhookSink().start()
+        system: System | None = None
+        try:
+            upgrade(postgres.url())
+            fill(imap, folders, args.mails)
+            env = dev_defaults(
+                system_env(
+                    database_url=postgres.url(),
+                    redis_url=redis_server.url,
+                    nats_url=nats_server.url,
+                    state_dir=base / "state",
+                    imap=imap,
+                    folder=folders[0],
+                    webhook=sink,
+                    MAILROOM_LOG__LEVEL="WARNING",
+                ),
+                imap,
+                folders[0],
+            )
+            mailboxes = [
+                {**demo_mailbox(f, imap.host, imap.port), "folder": f, "idle": False}
+                for f in folders
+            ]
+            env["MAILROOM_INTAKE__MAILBOXES"] = json.dumps(mailboxes)
+            (base / "logs").mkdir()
+            system = System(env, libpq_dsn(postgres.url()), folders[0], imap, sink, base / "logs")
+            started = time.monotonic()
+            system.start_all()
+            done_at: dict[str, float] = {}
+            deadline = started + 300
+            while len(done_at) < len(folders) and time.monotonic() < deadline:
+                for mailbox, stored in system.query(STORED_SQL):
+                    if stored >= args.mails and mailbox not in done_at:
+                        done_at[mailbox] = time.monotonic() - started
+                time.sleep(0.5)
+        finally:
+            if system is not None:
+                system.stop()
+            sink.stop()
+            imap.stop()
+            for server in (nats_server, redis_server, postgres):
+                server.stop()
+    if len(done_at) < len(folders):
+        raise SystemExit(f"only {len(done_at)} of {len(folders)} mailboxes ingested in 300 s")
+    waits = sorted(done_at.values())
+    first = waits[0]
+    print(
+        f"{len(folders)} mailboxes x {args.mails} mails all ingested: first mailbox done at "
+        f"{first:.1f}s, median {statistics.median(waits):.1f}s, last {waits[-1]:.1f}s "
+        f"(times from the start of the processes; start-up included)"
+    )
+    # The wait counts from when the system could first read mail (its first mailbox done).
+    print(f"RESULT intake_fairness_max_wait_s value={waits[-1] - first:.1f} target=10")
+
+
+if __name__ == "__main__":
+    main()
