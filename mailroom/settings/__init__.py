@@ -57,7 +57,6 @@ from mailroom.settings.links import (
     NatsSettings,
     RedisSettings,
     StorageSettings,
-    nkeys_installed,
 )
 from mailroom.settings.recognition import (
     RecognitionSettings,
@@ -107,7 +106,6 @@ __all__ = [
     "StrictModel",
     "TlsFiles",
     "WebhookAccount",
-    "nkeys_installed",
     "variable_for",
 ]
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 from typing import Literal
@@ -179,14 +178,39 @@ class NatsSettings(StrictModel):
             path = getattr(self, name)
             if path is not None and not path.is_file():
                 raise ValueError(f"{name} {str(path)!r} is not a file")
-            if path is not None and not nkeys_installed():
-                raise ValueError(f"{name} needs the nkeys package: pip install 'nats-py[nkeys]'")
+        if self.nkey_seed_file is not None:
+            _check_seed("nkey_seed_file", self.nkey_seed_file, self.nkey_seed_file.read_bytes())
+        if self.creds_file is not None:
+            _check_creds(self.creds_file)
         return self
 
 
-def nkeys_installed() -> bool:
-    """Whether nats-py can sign with an NKey (its optional ``nkeys`` package)."""
-    return importlib.util.find_spec("nkeys") is not None
+def _check_seed(name: str, path: Path, seed: bytes) -> None:
+    """A seed nats-py can sign with; the message never shows the seed."""
+    import nkeys
+
+    try:
+        nkeys.from_seed(bytearray(seed.strip())).wipe()
+    except Exception as exc:
+        raise ValueError(f"{name} {str(path)!r} holds no valid NKey seed (SU...)") from exc
+
+
+def _check_creds(path: Path) -> None:
+    """A ``.creds`` file with a user JWT and a user seed, each on the line after its header.
+
+    nats-py reads the JWT until it finds the header: without it, it would loop for ever.
+    """
+    lines = path.read_bytes().splitlines()
+
+    def after(header: bytes) -> bytes:
+        for number, line in enumerate(lines[:-1]):
+            if header in line:
+                return lines[number + 1].strip()
+        raise ValueError(f"creds_file {str(path)!r} has no {header.decode()} section")
+
+    if not after(b"BEGIN NATS USER JWT"):
+        raise ValueError(f"creds_file {str(path)!r} has an empty user JWT")
+    _check_seed("creds_file", path, after(b"BEGIN USER NKEY SEED"))
 
 
 class StorageSettings(StrictModel):

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from mailroom.settings import links as settings_module
 from mailroom.adapters.nats.login import connect_error, connect_options
 from mailroom.adapters.redis_client import async_client, link_options, sync_client
 from mailroom.cli.errors import describe
@@ -23,6 +22,7 @@ from mailroom.settings import (
     StorageSettings,
     TlsFiles,
 )
+from tests.fixtures.links import creds_text, new_user_seed
 
 
 @pytest.fixture
@@ -95,21 +95,37 @@ def test_every_link_secret_is_a_secret_str_and_is_scrubbed():
     assert "nats-token" in secret_values(settings) and "nats-token" not in repr(settings)
 
 
-def test_an_nkey_login_without_the_nkeys_package_fails_at_load(pem, monkeypatch):
-    monkeypatch.setattr(settings_module, "nkeys_installed", lambda: False)
+def test_a_malformed_nkey_seed_or_creds_file_fails_at_load_in_one_line(pem, tmp_path):
+    with pytest.raises(ValidationError) as caught:
+        Settings(nats={"nkey_seed_file": str(pem)})
+    assert "nats: nkey_seed_file" in _one_line(caught.value)
+    assert "holds no valid NKey seed" in _one_line(caught.value)
+    # Without its JWT header nats-py would read the file for ever: refused at load instead.
     with pytest.raises(ValidationError) as caught:
         Settings(nats={"creds_file": str(pem)})
-    assert "nats: creds_file needs the nkeys package" in _one_line(caught.value)
-
-
-def test_nats_options_carry_the_login_and_a_verifying_tls_context(pem, tmp_path, monkeypatch):
-    monkeypatch.setattr(settings_module, "nkeys_installed", lambda: True)
+    assert "has no BEGIN NATS USER JWT section" in _one_line(caught.value)
     creds = tmp_path / "user.creds"
-    creds.write_text("")
+    creds.write_text(
+        "-----BEGIN NATS USER JWT-----\neyJ0\n------END NATS USER JWT------\n"
+        "-----BEGIN USER NKEY SEED-----\nSUNOTASEED\n------END USER NKEY SEED------\n"
+    )
+    with pytest.raises(ValidationError) as caught:
+        Settings(nats={"creds_file": str(creds)})
+    line = _one_line(caught.value)
+    assert "creds_file" in line and "holds no valid NKey seed" in line
+    assert "SUNOTASEED" not in line
+
+
+def test_nats_options_carry_the_login_and_a_verifying_tls_context(tmp_path):
+    seed = new_user_seed()
+    seed_file = tmp_path / "user.nk"
+    seed_file.write_bytes(seed)
+    creds = tmp_path / "user.creds"
+    creds.write_text(creds_text("eyJ0.e30.sig", seed))
     assert connect_options(NatsSettings(user="u", password="p")) == {"user": "u", "password": "p"}
     assert connect_options(NatsSettings(token="t")) == {"token": "t"}
     assert connect_options(NatsSettings(creds_file=creds)) == {"user_credentials": str(creds)}
-    assert connect_options(NatsSettings(nkey_seed_file=creds)) == {"nkeys_seed": str(creds)}
+    assert connect_options(NatsSettings(nkey_seed_file=seed_file)) == {"nkeys_seed": str(seed_file)}
     context = connect_options(NatsSettings(url="tls://nats.example:4222"))["tls"]
     assert isinstance(context, ssl.SSLContext)
     assert context.verify_mode == ssl.CERT_REQUIRED and context.check_hostname
