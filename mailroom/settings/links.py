@@ -179,10 +179,18 @@ class NatsSettings(StrictModel):
             if path is not None and not path.is_file():
                 raise ValueError(f"{name} {str(path)!r} is not a file")
         if self.nkey_seed_file is not None:
-            _check_seed("nkey_seed_file", self.nkey_seed_file, self.nkey_seed_file.read_bytes())
+            seed = _read("nkey_seed_file", self.nkey_seed_file)
+            _check_seed("nkey_seed_file", self.nkey_seed_file, seed)
         if self.creds_file is not None:
             _check_creds(self.creds_file)
         return self
+
+
+def _read(name: str, path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise ValueError(f"{name} {str(path)!r} cannot be read: {exc.strerror}") from exc
 
 
 def _check_seed(name: str, path: Path, seed: bytes) -> None:
@@ -200,7 +208,7 @@ def _check_creds(path: Path) -> None:
 
     nats-py reads the JWT until it finds the header: without it, it would loop for ever.
     """
-    lines = path.read_bytes().splitlines()
+    lines = _read("creds_file", path).splitlines()
 
     def after(header: bytes) -> bytes:
         for number, line in enumerate(lines[:-1]):
