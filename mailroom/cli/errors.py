@@ -184,6 +184,14 @@ def _redis(exc: BaseException) -> Failure | None:
     if isinstance(exc, redis.exceptions.AuthenticationError):
         return _unavailable("Redis refused the login", str(exc), variable, "Check the password.")
     if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
+        if "CERTIFICATE_VERIFY_FAILED" in str(exc):
+            # Redis answered: its certificate is what failed, not the server being down.
+            return _unavailable(
+                "Redis's TLS certificate was not trusted",
+                str(exc),
+                "MAILROOM_REDIS__TLS__CA_FILE",
+                "Check the CA that signs the server's certificate.",
+            )
         return _unavailable("cannot reach Redis", str(exc), variable)
     return None
 

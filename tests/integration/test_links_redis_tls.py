@@ -87,5 +87,6 @@ def test_a_server_certificate_from_another_ca_is_one_line(tls_redis, test_ca):
     client.close()
     failure = describe(caught.value)
     assert failure is not None
-    assert failure.lines[0].startswith("mailroom: cannot reach Redis: ")
+    assert failure.lines[0].startswith("mailroom: Redis's TLS certificate was not trusted: ")
     assert "CERTIFICATE_VERIFY_FAILED" in failure.lines[0]
+    assert "MAILROOM_REDIS__TLS__CA_FILE" in failure.lines[1]

@@ -59,6 +59,17 @@ def test_refused_imap_login_names_the_mailboxes_variable():
     assert "MAILROOM_INTAKE__MAILBOXES" in hint
 
 
+def test_an_untrusted_redis_certificate_points_at_the_ca_not_at_a_dead_server():
+    first, hint = _lines(
+        redis.exceptions.ConnectionError(
+            "Error 1 connecting to 127.0.0.1:6380. [SSL: CERTIFICATE_VERIFY_FAILED] "
+            "certificate verify failed: unable to get local issuer certificate."
+        )
+    )
+    assert first.startswith("mailroom: Redis's TLS certificate was not trusted: Error 1")
+    assert "MAILROOM_REDIS__TLS__CA_FILE" in hint and "running" not in hint
+
+
 def test_a_refused_oauth_grant_says_which_secrets_to_check():
     first, hint = _lines(OAuthTokenRefused("token endpoint: invalid_grant (refresh token revoked)"))
     assert first == (
