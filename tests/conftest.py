@@ -59,7 +59,10 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
             found = f"not installed, and {REQUIRE_DOVECOT_ENV}=1: its tests fail"
     else:
         found = f"{dovecot_version(dovecot)} ({dovecot})"
-    return [f"IMAP servers: pymap; Dovecot {found}"]
+    from tests.fixtures.links import DEBIAN_REDIS
+
+    redis_tls = "found" if DEBIAN_REDIS.exists() else "not installed, its TLS tests are skipped"
+    return [f"IMAP servers: pymap; Dovecot {found}", f"Debian's redis-server (TLS): {redis_tls}"]
 
 
 #: Folders whose tests run whole Mailroom systems (several processes and servers each).
