@@ -25,6 +25,9 @@ logger = logging.getLogger(__name__)
 
 #: ``metrics`` keys of the counts.
 MAPPING_ATTEMPTS = "mapping_attempts"
+#: Mapping's attempts at whole batches: as in the inbox, a death there only makes each job of
+#: the batch a suspect, mapped alone and counted on its own ``mapping_attempts``.
+MAPPING_BATCH_ATTEMPTS = "mapping_batch_attempts"
 #: The inbox's attempts at one message alone: the count its job fails on.
 INBOX_ATTEMPTS = "inbox_attempts"
 #: The inbox's attempts at whole batches: a death there charges every job of the batch, so it

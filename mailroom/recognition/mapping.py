@@ -1,41 +1,57 @@
-"""Mapping: a result file becomes a ``document`` and settles its file (ARCHITECTURE.md).
+"""Mapping: result files become ``document`` rows and settle their files (ARCHITECTURE.md).
 
-The result JSON is read from the object store outside any transaction; the
-decision is then written in one short transaction that locks the job and
-re-checks ``mapped_at``, so a redelivered or swept mapping changes nothing.
+A batch of jobs (the results of one inbox batch) is mapped together: the jobs
+are loaded in one statement, their result JSON read from the object store
+concurrently and outside any transaction, and the decisions written in one short
+transaction that locks the jobs and re-checks ``mapped_at`` (``mapping_write.py``),
+so a redelivered, retried or swept mapping changes nothing twice.
 A failed attempt (an ``error`` result, an unreadable result file, or a document
 missing a required field or below the confidence threshold) is replayed as a
 new attempt until ``automatic_attempts`` are spent; then the file settles as
-ERROR or NEEDS_CHECK. Each try is counted on the job before the result is read
-(``attempts.py``): a result whose mapping kills the worker settles its file as
-ERROR (``MAPPING_ATTEMPTS_EXHAUSTED``) after ``max_processing_attempts``; an attempt
-that comes back, however it ended, is uncounted again.
-When the last file of a mail settles, the mail is final
-and the outcome says so (``finalized_mail_id``): the hook for notifications.
+ERROR or NEEDS_CHECK (``mapping_verdict.py``).
+
+Each try is counted on the jobs before their results are read (``attempts.py``).
+A batch counts ``mapping_batch_attempts``; a job with a count left over (an
+attempt at it never came back) is a suspect, mapped alone under the advisory lock
+suspects share and counted on its own ``mapping_attempts``: a result whose mapping
+kills the worker settles its file as ERROR (``MAPPING_ATTEMPTS_EXHAUSTED``) after
+``max_processing_attempts`` such deaths, and its neighbours map on their turn.
+An attempt that comes back, however it ended, is uncounted again. A job whose
+read or write fails fails alone: its outcome is ``failed``, for the caller to
+retry it on its own. When the last file of a mail settles, the mail is final and
+the outcome says so (``finalized_mail_ids``): the hook for notifications.
 """
 
 from __future__ import annotations
 
-import json
+import asyncio
 import logging
 import uuid
+from collections.abc import Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
-from typing import Any, Literal, Protocol
+from datetime import datetime
+from typing import Any
 
-from pydantic import ValidationError
+from sqlalchemy import exc as sa_exc
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from mailroom.clock import db_now
-from mailroom.errors import PermanentError
 from mailroom.recognition import attempts
-from mailroom.recognition.contracts import RecognitionResult, parse_json_object
-from mailroom.recognition.finality import MAX_REASON_CHARS, finalize_mails
-from mailroom.recognition.replay import ReplayedJob, replay_job
+from mailroom.recognition.finality import MAX_REASON_CHARS
+from mailroom.recognition.mapping_verdict import (
+    MAPPING_ACTOR,
+    MAPPING_ATTEMPTS_EXHAUSTED,
+    RESULT_STATUSES,
+    Decision,
+    MappingOutcome,
+    ResultReader,
+    Unusable,
+    Verdict,
+    judge,
+    load_result,
+)
+from mailroom.recognition.mapping_write import write_decisions
 from mailroom.recognition.violations import (
-    CONTRACT_ERROR_CODES,
     FOREIGN_BUCKET,
     INVALID_RESULT,
     MAX_SERVICE_CHARS,
@@ -46,188 +62,48 @@ from mailroom.recognition.violations import (
 )
 from mailroom.settings import RecognitionSettings
 
+__all__ = [
+    "FOREIGN_BUCKET",
+    "INVALID_RESULT",
+    "MAPPING_ACTOR",
+    "MAPPING_ATTEMPTS_EXHAUSTED",
+    "RESULT_STATUSES",
+    "RESULT_TOO_LARGE",
+    "MappingOutcome",
+    "ResultReader",
+    "Unusable",
+    "Verdict",
+    "find_unmapped_results",
+    "judge",
+    "load_result",
+    "map_recognition_result",
+    "map_recognition_results",
+]
+
 logger = logging.getLogger(__name__)
 
-#: Who automatic retries are audit-logged as.
-MAPPING_ACTOR = ("system", "recognition.mapping")
-
-#: Result statuses mapping handles.
-RESULT_STATUSES = ("done", "needs_check", "error")
+#: Result files of one batch read from the object store at once.
+READ_CONCURRENCY = 8
 
 
-#: Mapping of this job died (took its worker down) ``max_processing_attempts`` times.
-MAPPING_ATTEMPTS_EXHAUSTED = "MAPPING_ATTEMPTS_EXHAUSTED"
-
-
-class ResultReader(Protocol):
-    """The part of the object store mapping needs."""
-
-    def bucket(self, role: Literal["results"]) -> str: ...
-
-    async def size(self, bucket: str, key: str) -> int: ...
-
-    async def get(self, bucket: str, key: str) -> bytes: ...
-
-
-@dataclass(frozen=True)
-class Unusable:
-    """Why a result object cannot be used: the job's error code and message."""
-
-    code: str
-    message: str
-
-
-@dataclass
-class Verdict:
-    """What a result means for its file, before anything is written."""
-
-    file_status: Literal["RECOGNIZED", "NEEDS_CHECK", "ERROR"]
-    reason: str | None = None
-    #: This attempt failed in a way a new attempt may fix.
-    retryable: bool = False
-    document: dict[str, Any] | None = None
-    #: Set when the result file itself was unusable.
-    invalid_result: Unusable | None = None
-
-
-@dataclass
-class MappingOutcome:
-    job_id: uuid.UUID
-    applied: Literal["mapped", "already_mapped", "unknown_job", "not_a_result"]
-    document_id: int | None = None
-    #: The file's new status; None when the job is no longer the file's current one.
-    file_status: str | None = None
-    replayed: ReplayedJob | None = None
-    #: The mail this mapping made final: create its notifications.
-    finalized_mail_id: int | None = None
-    finalized_mail_ids: list[int] = field(default_factory=list)
+def _count_sql(key: str) -> str:
+    return (
+        f"CASE WHEN jsonb_typeof(j.metrics -> '{key}') = 'number' "
+        f"THEN CAST(j.metrics ->> '{key}' AS integer) ELSE 0 END"
+    )
 
 
 _LOAD = text(
-    """
+    f"""
     SELECT j.id, j.status, j.attempt, j.mapped_at, j.error_code, j.error_message,
            j.result_msg_id, j.service_name, o.bucket, o.key,
-           CASE WHEN jsonb_typeof(j.metrics -> 'mapping_attempts') = 'number'
-                THEN CAST(j.metrics ->> 'mapping_attempts' AS integer) ELSE 0 END AS deaths
+           {_count_sql(attempts.MAPPING_ATTEMPTS)} AS deaths,
+           {_count_sql(attempts.MAPPING_BATCH_ATTEMPTS)} AS batch_deaths
       FROM recognition_job AS j
       LEFT JOIN stored_object AS o ON o.id = j.result_object_id
-     WHERE j.id = :id
+     WHERE j.id = ANY(:ids)
     """
 )
-
-_LOCK = text(
-    """
-    SELECT j.id, j.file_id, j.mapped_at, f.mail_id,
-           f.current_recognition_job_id = j.id AS is_current
-      FROM recognition_job AS j
-      JOIN stored_file AS f ON f.id = j.file_id
-     WHERE j.id = :id
-       FOR UPDATE OF j
-    """
-)
-
-_INSERT_DOCUMENT = text(
-    """
-    INSERT INTO document (file_id, job_id, document_type, fields, field_confidence,
-                          missing_fields, low_confidence_fields, status, created_at)
-    VALUES (:file_id, :job_id, :document_type, CAST(:fields AS jsonb),
-            CAST(:field_confidence AS jsonb), CAST(:missing_fields AS jsonb),
-            CAST(:low_confidence_fields AS jsonb), :status, :now)
-    ON CONFLICT (job_id) DO NOTHING
-    RETURNING id
-    """
-)
-
-_MARK_MAPPED = text(
-    """
-    UPDATE recognition_job
-       SET mapped_at = :now,
-           status = CASE WHEN :broke_contract THEN 'error' ELSE status END,
-           error_code = COALESCE(:error_code, error_code),
-           error_message = COALESCE(:error_message, error_message)
-     WHERE id = :id
-    """
-)
-
-_SETTLE_FILE = text(
-    """
-    UPDATE stored_file SET status = :status, status_reason = :reason, updated_at = :now
-     WHERE id = :file_id AND current_recognition_job_id = :job_id
-    """
-)
-
-
-async def load_result(
-    store: ResultReader, bucket: str | None, key: str | None, *, job_id: uuid.UUID, max_bytes: int
-) -> RecognitionResult | Unusable:
-    """The validated result, or why it cannot be used; storage outages propagate.
-
-    Only the results bucket is read: the bucket comes from the service's message,
-    and mapping must not become a way to read mail or other stored files. The
-    size is checked before the read, so an oversize object never enters memory.
-    """
-    if bucket is None or key is None:
-        return Unusable(INVALID_RESULT, "no result object registered")
-    if bucket != store.bucket("results"):
-        return Unusable(FOREIGN_BUCKET, f"result object is in bucket {bucket[:100]!r}")
-    try:
-        size = await store.size(bucket, key)
-        if size > max_bytes:
-            return Unusable(RESULT_TOO_LARGE, f"result object too large ({size} bytes)")
-        data = await store.get(bucket, key)
-    except PermanentError as exc:  # not found, unsafe key
-        return Unusable(INVALID_RESULT, f"result object unreadable: {type(exc).__name__}")
-    if len(data) > max_bytes:  # replaced between the size check and the read
-        return Unusable(RESULT_TOO_LARGE, f"result object too large ({len(data)} bytes)")
-    try:
-        result = RecognitionResult.model_validate(parse_json_object(data))
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-        if isinstance(exc, ValidationError):
-            fields = sorted({str(e["loc"][0]) for e in exc.errors() if e["loc"]})[:5]
-            return Unusable(INVALID_RESULT, f"result is not the contract ({', '.join(fields)})")
-        return Unusable(INVALID_RESULT, "result is not a JSON object")
-    if result.job_id != job_id:
-        return Unusable(INVALID_RESULT, "result names another job")
-    return result
-
-
-def judge(
-    result: RecognitionResult, *, service_status: str, settings: RecognitionSettings
-) -> Verdict:
-    """Check a valid result against its document type's required fields and the threshold."""
-    doc_type = settings.document_types.get(result.document_type)
-    values = {name: value.value for name, value in result.fields.items()}
-    # A one-of rule not met is reported as "investor_name|customer_id".
-    missing = doc_type.missing(values) if doc_type else []
-    low = sorted(
-        name
-        for name, value in result.fields.items()
-        if value.confidence < settings.confidence_threshold
-    )
-    reasons = []
-    if service_status == "needs_check":
-        reasons.append("the service asked for a check")
-    if doc_type is None:
-        reasons.append(f"unknown document type {result.document_type[:100]!r}")
-    if missing:
-        reasons.append(f"missing required fields: {', '.join(missing)}")
-    if low:
-        reasons.append(f"low confidence: {', '.join(low[:20])}")
-    ok = not reasons
-    document = {
-        "document_type": result.document_type,
-        "fields": values,
-        "field_confidence": {name: value.confidence for name, value in result.fields.items()},
-        "missing_fields": missing,
-        "low_confidence_fields": low,
-        "status": "ok" if ok else "needs_check",
-    }
-    return Verdict(
-        file_status="RECOGNIZED" if ok else "NEEDS_CHECK",
-        reason=None if ok else "; ".join(reasons)[:MAX_REASON_CHARS],
-        retryable=bool(missing or low),
-        document=document,
-    )
 
 
 async def map_recognition_result(
@@ -238,9 +114,57 @@ async def map_recognition_result(
     settings: RecognitionSettings,
     now: datetime | None = None,
 ) -> MappingOutcome:
-    """Map one job's result; idempotent (a mapped job is left alone)."""
+    """Map one job's result; idempotent (a mapped job is left alone); errors propagate."""
+    [outcome] = await map_recognition_results(sessions, store, [job_id], settings=settings, now=now)
+    return outcome
+
+
+async def map_recognition_results(
+    sessions: async_sessionmaker[AsyncSession],
+    store: ResultReader,
+    job_ids: Sequence[uuid.UUID],
+    *,
+    settings: RecognitionSettings,
+    now: datetime | None = None,
+) -> list[MappingOutcome]:
+    """Map the jobs' results; one outcome per distinct job id, in order; idempotent by job.
+
+    A job whose read or write fails gets a ``failed`` outcome carrying its error;
+    when every job that was tried failed, the first error is raised instead (the
+    database or the store is likely down: retry the batch).
+    """
+    ids = list(dict.fromkeys(job_ids))
+    if not ids:
+        return []
     async with sessions() as session:
-        job = (await session.execute(_LOAD, {"id": job_id})).one_or_none()
+        loaded = {row.id: row for row in await session.execute(_LOAD, {"ids": ids})}
+    outcomes: dict[uuid.UUID, MappingOutcome] = {}
+    todo = []
+    for job_id in ids:
+        skipped = _skipped(job_id, loaded.get(job_id))
+        if skipped is None:
+            todo.append(loaded[job_id])
+        else:
+            outcomes[job_id] = skipped
+    suspects = [job for job in todo if job.deaths > 0 or job.batch_deaths > 0]
+    fresh = [job for job in todo if not (job.deaths > 0 or job.batch_deaths > 0)]
+    if len(fresh) == 1:
+        # A batch of one that dies names its job: count it on the job's own key at once.
+        outcomes.update(await _map_alone(sessions, store, fresh, settings, now, suspect=False))
+    elif fresh:
+        mapped, raced = await _map_counted_batch(sessions, store, fresh, settings, now)
+        outcomes.update(mapped)
+        suspects += raced
+    outcomes.update(await _map_alone(sessions, store, suspects, settings, now, suspect=True))
+    tried = [outcomes[job.id] for job in todo]
+    failed = [o for o in tried if o.applied == "failed"]
+    if failed and len(failed) == len(tried) and failed[0].error is not None:
+        raise failed[0].error
+    return [outcomes[job_id] for job_id in ids]
+
+
+def _skipped(job_id: uuid.UUID, job: Any) -> MappingOutcome | None:
+    """The outcome of a job there is nothing to map for; None when it is to be mapped."""
     if job is None:
         logger.warning("Mapping skipped: recognition job %s does not exist", job_id)
         return MappingOutcome(job_id, "unknown_job")
@@ -252,62 +176,168 @@ async def map_recognition_result(
             "Mapping skipped: recognition job %s is %s, not a result", job_id, job.status
         )
         return MappingOutcome(job_id, "not_a_result")
+    return None
 
-    # An earlier attempt died: run alone, and wait for the turn before counting, so that a
-    # neighbour's death (a poison result redelivered with this one) is not counted here.
-    turn = attempts.alone(sessions, attempts.ALONE_KEY) if job.deaths > 0 else nullcontext()
-    async with turn:
-        return await _counted(sessions, store, job, job_id, settings=settings, now=now)
+
+async def _map_counted_batch(
+    sessions: async_sessionmaker[AsyncSession],
+    store: ResultReader,
+    jobs: list[Any],
+    settings: RecognitionSettings,
+    now: datetime | None,
+) -> tuple[dict[uuid.UUID, MappingOutcome], list[Any]]:
+    """Count one batch attempt on each job, map them together, give the attempts back.
+
+    Returns the outcomes and the jobs left for the suspects' way (not mapped here).
+    """
+    counts = await attempts.count_attempts(
+        sessions, [job.id for job in jobs], attempts.MAPPING_BATCH_ATTEMPTS
+    )
+    # A count other than this one appeared since the load (a death, or a parallel attempt):
+    # such a job goes the suspects' way, alone.
+    raced = [job for job in jobs if counts.get(job.id) != 1]
+    if raced:
+        await attempts.give_back(
+            sessions, [job.id for job in raced], attempts.MAPPING_BATCH_ATTEMPTS
+        )
+    batch = [job for job in jobs if counts.get(job.id) == 1]
+    try:
+        return await _map_batch(sessions, store, batch, settings, now), raced
+    finally:
+        # However it ended, this attempt came back: only attempts that died stay counted.
+        await attempts.give_back(
+            sessions, [job.id for job in batch], attempts.MAPPING_BATCH_ATTEMPTS
+        )
+
+
+async def _map_batch(
+    sessions: async_sessionmaker[AsyncSession],
+    store: ResultReader,
+    jobs: list[Any],
+    settings: RecognitionSettings,
+    now: datetime | None,
+) -> dict[uuid.UUID, MappingOutcome]:
+    if not jobs:
+        return {}
+    reads = asyncio.Semaphore(READ_CONCURRENCY)
+
+    async def decide_one(job: Any) -> Decision:
+        async with reads:
+            return await _decide(store, job, settings)
+
+    decided = await asyncio.gather(*(decide_one(job) for job in jobs), return_exceptions=True)
+    outcomes: dict[uuid.UUID, MappingOutcome] = {}
+    decisions = []
+    for job, decision in zip(jobs, decided, strict=True):
+        if isinstance(decision, Decision):
+            decisions.append(decision)
+        elif isinstance(decision, Exception):
+            outcomes[job.id] = _failed(job.id, decision)
+        else:  # cancellation or an exit: not this job's failure
+            raise decision
+    if not decisions:
+        return outcomes
+    try:
+        written = await write_decisions(sessions, decisions, now=now)
+    except Exception as exc:
+        if _connection_lost(exc):
+            raise
+        if len(decisions) == 1:
+            written = [_failed(decisions[0].job_id, exc)]
+        else:
+            logger.warning(
+                "Mapping batch of %d jobs failed (%s); writing them one by one",
+                len(decisions),
+                type(exc).__name__,
+            )
+            written = [await _write_alone(sessions, decision, now) for decision in decisions]
+    outcomes.update({outcome.job_id: outcome for outcome in written})
+    return outcomes
+
+
+async def _write_alone(
+    sessions: async_sessionmaker[AsyncSession], decision: Decision, now: datetime | None
+) -> MappingOutcome:
+    try:
+        [outcome] = await write_decisions(sessions, [decision], now=now)
+    except Exception as exc:
+        if _connection_lost(exc):
+            raise
+        return _failed(decision.job_id, exc)
+    return outcome
+
+
+async def _map_alone(
+    sessions: async_sessionmaker[AsyncSession],
+    store: ResultReader,
+    jobs: list[Any],
+    settings: RecognitionSettings,
+    now: datetime | None,
+    *,
+    suspect: bool,
+) -> dict[uuid.UUID, MappingOutcome]:
+    """Map each job on its own, counted on its own ``mapping_attempts``.
+
+    A suspect waits for its turn under the advisory lock *before* it counts, so that
+    a neighbour's death (a poison result redelivered with it) is not counted on it.
+    """
+    outcomes = {}
+    for job in jobs:
+        turn = attempts.alone(sessions, attempts.ALONE_KEY) if suspect else nullcontext()
+        try:
+            async with turn:
+                outcomes[job.id] = await _counted(sessions, store, job, settings, now)
+        except Exception as exc:
+            if _connection_lost(exc):
+                raise
+            outcomes[job.id] = _failed(job.id, exc)
+    return outcomes
 
 
 async def _counted(
     sessions: async_sessionmaker[AsyncSession],
     store: ResultReader,
     job: Any,
-    job_id: uuid.UUID,
-    *,
     settings: RecognitionSettings,
     now: datetime | None,
 ) -> MappingOutcome:
     """Count the attempt, then map (or settle the job as exhausted); give the attempt back."""
-    tries = (await attempts.count_attempts(sessions, [job_id], attempts.MAPPING_ATTEMPTS))[job_id]
+    counts = await attempts.count_attempts(sessions, [job.id], attempts.MAPPING_ATTEMPTS)
+    tries = counts[job.id]
     try:
         if tries > settings.max_processing_attempts:
             # Not replayed: a new attempt would likely bring the result that killed its workers.
             exhausted = Unusable(
                 MAPPING_ATTEMPTS_EXHAUSTED, f"mapping did not finish in {tries - 1} attempts"
             )
-            logger.error("Result of job %s: %s", job_id, exhausted.message)
+            logger.error("Result of job %s: %s", job.id, exhausted.message)
             verdict = Verdict(
                 "ERROR", reason=f"{exhausted.code}: {exhausted.message}", invalid_result=exhausted
             )
-            return await _write(sessions, job_id, verdict, retry=False, now=now)
-        return await _map(sessions, store, job, job_id, settings=settings, now=now)
+            decision = Decision(job.id, verdict, retry=False)
+        else:
+            decision = await _decide(store, job, settings)
+        [outcome] = await write_decisions(sessions, [decision], now=now)
+        return outcome
     finally:
         # However it ended, this attempt came back: only attempts that died stay counted.
-        await attempts.give_back(sessions, [job_id], attempts.MAPPING_ATTEMPTS)
+        await attempts.give_back(sessions, [job.id], attempts.MAPPING_ATTEMPTS)
 
 
-async def _map(
-    sessions: async_sessionmaker[AsyncSession],
-    store: ResultReader,
-    job: Any,
-    job_id: uuid.UUID,
-    *,
-    settings: RecognitionSettings,
-    now: datetime | None,
-) -> MappingOutcome:
+async def _decide(store: ResultReader, job: Any, settings: RecognitionSettings) -> Decision:
+    """The verdict on a job's result (read from the store unless the job is an ``error``)."""
     if job.status == "error":
         reason = f"{job.error_code or 'SERVICE_ERROR'}: {job.error_message or ''}"
         verdict = Verdict("ERROR", reason=reason[:MAX_REASON_CHARS], retryable=True)
     else:
+        # NOTE: looked up on this module at each call, so fault probes can wrap it.
         loaded = await load_result(
-            store, job.bucket, job.key, job_id=job_id, max_bytes=settings.max_result_bytes
+            store, job.bucket, job.key, job_id=job.id, max_bytes=settings.max_result_bytes
         )
         if isinstance(loaded, Unusable):
             service = (job.service_name or UNKNOWN_SERVICE)[:MAX_SERVICE_CHARS]
             violation = Violation(loaded.code.lower(), loaded.message, service)
-            report_violation(violation, job_id=job_id, where="result document")
+            report_violation(violation, job_id=job.id, where="result document")
             verdict = Verdict(
                 "ERROR",
                 reason=f"{loaded.code}: {loaded.message}"[:MAX_REASON_CHARS],
@@ -317,102 +347,16 @@ async def _map(
         else:
             verdict = judge(loaded, service_status=job.status, settings=settings)
     retry = verdict.retryable and job.attempt < settings.automatic_attempts
-    return await _write(sessions, job_id, verdict, retry=retry, now=now)
+    return Decision(job.id, verdict, retry=retry)
 
 
-async def _write(
-    sessions: async_sessionmaker[AsyncSession],
-    job_id: uuid.UUID,
-    verdict: Verdict,
-    *,
-    retry: bool,
-    now: datetime | None,
-) -> MappingOutcome:
-    async with sessions() as session, session.begin():
-        now = now or await db_now(session)
-        row = (await session.execute(_LOCK, {"id": job_id})).one()
-        if row.mapped_at is not None:  # a parallel mapping of the same job won
-            return MappingOutcome(job_id, "already_mapped")
-        outcome = MappingOutcome(job_id, "mapped")
-        if verdict.document is not None:
-            outcome.document_id = await _insert_document(
-                session, row.file_id, job_id, verdict.document, now
-            )
-        await session.execute(
-            _MARK_MAPPED,
-            {
-                "id": job_id,
-                "now": now,
-                "error_code": verdict.invalid_result.code if verdict.invalid_result else None,
-                "error_message": verdict.invalid_result.message if verdict.invalid_result else None,
-                # The service's document broke the contract: the job failed, as in the inbox.
-                # (Mapping's own failure, MAPPING_ATTEMPTS_EXHAUSTED, keeps the service's status.)
-                "broke_contract": bool(
-                    verdict.invalid_result and verdict.invalid_result.code in CONTRACT_ERROR_CODES
-                ),
-            },
-        )
-        if not row.is_current:
-            logger.info("Result of job %s mapped; the file has a newer attempt", job_id)
-            return outcome
-        if retry:
-            actor_type, actor_id = MAPPING_ACTOR
-            outcome.replayed = await replay_job(
-                session,
-                job_id,
-                actor_type=actor_type,
-                actor_id=actor_id,
-                reason=f"automatic retry: {verdict.reason}",
-                now=now,
-                statuses=RESULT_STATUSES,
-            )
-            outcome.file_status = "UPLOADED"
-        else:
-            await session.execute(
-                _SETTLE_FILE,
-                {
-                    "status": verdict.file_status,
-                    "reason": verdict.reason,
-                    "now": now,
-                    "file_id": row.file_id,
-                    "job_id": job_id,
-                },
-            )
-            outcome.file_status = verdict.file_status
-            if row.mail_id is not None:
-                outcome.finalized_mail_ids = await finalize_mails(session, [row.mail_id], now=now)
-                outcome.finalized_mail_id = next(iter(outcome.finalized_mail_ids), None)
-    logger.info(
-        "Result of job %s mapped: file %s%s%s",
-        job_id,
-        outcome.file_status,
-        f", retried as {outcome.replayed.new_job_id}" if outcome.replayed else "",
-        f", mail {outcome.finalized_mail_id} final" if outcome.finalized_mail_id else "",
-    )
-    return outcome
+def _failed(job_id: uuid.UUID, exc: Exception) -> MappingOutcome:
+    logger.warning("Mapping of job %s failed: %s", job_id, type(exc).__name__)
+    return MappingOutcome(job_id, "failed", error=exc)
 
 
-async def _insert_document(
-    session: AsyncSession, file_id: int, job_id: uuid.UUID, document: dict[str, Any], now: datetime
-) -> int:
-    params = {
-        "file_id": file_id,
-        "job_id": job_id,
-        "now": now,
-        "document_type": document["document_type"],
-        "status": document["status"],
-        **{
-            name: json.dumps(document[name])
-            for name in ("fields", "field_confidence", "missing_fields", "low_confidence_fields")
-        },
-    }
-    inserted = (await session.execute(_INSERT_DOCUMENT, params)).scalar_one_or_none()
-    if inserted is not None:
-        return int(inserted)
-    existing = await session.execute(
-        text("SELECT id FROM document WHERE job_id = :job_id"), {"job_id": job_id}
-    )
-    return int(existing.scalar_one())
+def _connection_lost(exc: Exception) -> bool:
+    return isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated
 
 
 _UNMAPPED = text(
@@ -421,7 +365,7 @@ _UNMAPPED = text(
      WHERE status IN ('done', 'needs_check', 'error')
        AND mapped_at IS NULL
        AND result_msg_id IS NOT NULL
-       AND finished_at < :before
+       AND finished_at < COALESCE(CAST(:now AS timestamptz), now()) - make_interval(secs => :after_s)
      ORDER BY finished_at
      LIMIT :limit
     """
@@ -435,9 +379,7 @@ async def find_unmapped_results(
     now: datetime | None = None,
 ) -> list[uuid.UUID]:
     """Results left unmapped longer than ``unmapped_after_s``: the sweep re-sends these."""
+    params = {"now": now, "after_s": settings.unmapped_after_s, "limit": settings.sweep_batch_size}
     async with sessions() as session:
-        before = (now or await db_now(session)) - timedelta(seconds=settings.unmapped_after_s)
-        rows = await session.execute(
-            _UNMAPPED, {"before": before, "limit": settings.sweep_batch_size}
-        )
+        rows = await session.execute(_UNMAPPED, params)
         return [job_id for (job_id,) in rows]

@@ -1,0 +1,228 @@
+"""Writing mapping decisions: a batch of jobs in one transaction, a few statements in all.
+
+The jobs are locked in id order and ``mapped_at`` is re-checked under the lock,
+so a redelivered or retried batch, or a sweep mapping the same job beside it,
+changes nothing twice. Documents, job marks and file settlements are each one
+statement for the whole batch (rows passed as one JSON array); only automatic
+retries (``replay_job``) go one by one. The lock statement also returns the
+database's ``now()``, so no separate round trip is spent reading the clock.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from mailroom.recognition.finality import finalize_mails
+from mailroom.recognition.mapping_verdict import (
+    MAPPING_ACTOR,
+    RESULT_STATUSES,
+    Decision,
+    MappingOutcome,
+)
+from mailroom.recognition.replay import replay_job
+from mailroom.recognition.violations import CONTRACT_ERROR_CODES
+
+logger = logging.getLogger("mailroom.recognition.mapping")
+
+_LOCK = text(
+    """
+    SELECT j.id, j.file_id, j.mapped_at, f.mail_id,
+           f.current_recognition_job_id = j.id AS is_current, now() AS db_now
+      FROM recognition_job AS j
+      JOIN stored_file AS f ON f.id = j.file_id
+     WHERE j.id = ANY(:ids)
+     ORDER BY j.id
+       FOR UPDATE OF j
+    """
+)
+
+_INSERT_DOCUMENTS = text(
+    """
+    INSERT INTO document (file_id, job_id, document_type, fields, field_confidence,
+                          missing_fields, low_confidence_fields, status, created_at)
+    SELECT d.file_id, d.job_id, d.document_type, d.fields, d.field_confidence,
+           d.missing_fields, d.low_confidence_fields, d.status, :now
+      FROM jsonb_to_recordset(CAST(:documents AS jsonb))
+           AS d(file_id bigint, job_id uuid, document_type text, fields jsonb,
+                field_confidence jsonb, missing_fields jsonb, low_confidence_fields jsonb,
+                status text)
+    ON CONFLICT (job_id) DO NOTHING
+    RETURNING id, job_id
+    """
+)
+
+_EXISTING_DOCUMENTS = text("SELECT id, job_id FROM document WHERE job_id = ANY(:job_ids)")
+
+_MARK_MAPPED = text(
+    """
+    UPDATE recognition_job AS j
+       SET mapped_at = :now,
+           status = CASE WHEN r.broke_contract THEN 'error' ELSE j.status END,
+           error_code = COALESCE(r.error_code, j.error_code),
+           error_message = COALESCE(r.error_message, j.error_message)
+      FROM jsonb_to_recordset(CAST(:jobs AS jsonb))
+           AS r(id uuid, broke_contract boolean, error_code text, error_message text)
+     WHERE j.id = r.id
+    """
+)
+
+_SETTLE_FILES = text(
+    """
+    UPDATE stored_file AS f
+       SET status = r.status, status_reason = r.reason, updated_at = :now
+      FROM jsonb_to_recordset(CAST(:files AS jsonb))
+           AS r(file_id bigint, job_id uuid, status text, reason text)
+     WHERE f.id = r.file_id AND f.current_recognition_job_id = r.job_id
+    """
+)
+
+
+async def write_decisions(
+    sessions: async_sessionmaker[AsyncSession],
+    decisions: Sequence[Decision],
+    *,
+    now: datetime | None = None,
+) -> list[MappingOutcome]:
+    """Write each decision in one transaction; the outcomes, in the decisions' order."""
+    if not decisions:
+        return []
+    async with sessions() as session, session.begin():
+        locked = {
+            row.id: row
+            for row in await session.execute(_LOCK, {"ids": [d.job_id for d in decisions]})
+        }
+        # A job removed since it was loaded (retention) is unknown; one mapped meanwhile is left.
+        outcomes = {
+            d.job_id: MappingOutcome(
+                d.job_id, "already_mapped" if d.job_id in locked else "unknown_job"
+            )
+            for d in decisions
+        }
+        todo = [d for d in decisions if d.job_id in locked and locked[d.job_id].mapped_at is None]
+        outcomes.update({d.job_id: MappingOutcome(d.job_id, "mapped") for d in todo})
+        if todo:
+            now = now or locked[todo[0].job_id].db_now
+            await _write(session, todo, locked, outcomes, now)
+    ordered = [outcomes[d.job_id] for d in decisions]
+    for outcome in ordered:
+        if outcome.applied == "mapped":
+            _log(outcome)
+    return ordered
+
+
+async def _write(
+    session: AsyncSession,
+    todo: Sequence[Decision],
+    locked: dict[uuid.UUID, Any],
+    outcomes: dict[uuid.UUID, MappingOutcome],
+    now: datetime,
+) -> None:
+    for job_id, document_id in (await _insert_documents(session, todo, locked, now)).items():
+        outcomes[job_id].document_id = document_id
+    await session.execute(_MARK_MAPPED, {"now": now, "jobs": _json(_job_rows(todo))})
+    current = [d for d in todo if locked[d.job_id].is_current]
+    for decision in todo:
+        if not locked[decision.job_id].is_current:
+            logger.info("Result of job %s mapped; the file has a newer attempt", decision.job_id)
+    settled = [d for d in current if not d.retry]
+    for decision in current:
+        if decision.retry:
+            actor_type, actor_id = MAPPING_ACTOR
+            outcomes[decision.job_id].replayed = await replay_job(
+                session,
+                decision.job_id,
+                actor_type=actor_type,
+                actor_id=actor_id,
+                reason=f"automatic retry: {decision.verdict.reason}",
+                now=now,
+                statuses=RESULT_STATUSES,
+            )
+            outcomes[decision.job_id].file_status = "UPLOADED"
+    if not settled:
+        return
+    files = [
+        {
+            "file_id": locked[d.job_id].file_id,
+            "job_id": str(d.job_id),
+            "status": d.verdict.file_status,
+            "reason": d.verdict.reason,
+        }
+        for d in settled
+    ]
+    await session.execute(_SETTLE_FILES, {"now": now, "files": _json(files)})
+    for decision in settled:
+        outcomes[decision.job_id].file_status = decision.verdict.file_status
+    mails = {locked[d.job_id].mail_id for d in settled} - {None}
+    finalized = set(await finalize_mails(session, mails, now=now))
+    for decision in settled:  # each mail made final is named once, by its first job here
+        mail_id = locked[decision.job_id].mail_id
+        if mail_id in finalized:
+            finalized.discard(mail_id)
+            outcomes[decision.job_id].finalized_mail_ids = [mail_id]
+            outcomes[decision.job_id].finalized_mail_id = mail_id
+
+
+async def _insert_documents(
+    session: AsyncSession,
+    todo: Sequence[Decision],
+    locked: dict[uuid.UUID, Any],
+    now: datetime,
+) -> dict[uuid.UUID, int]:
+    """Insert the decisions' documents; each job's document id (one already there is reused)."""
+    documents = [
+        {"file_id": locked[d.job_id].file_id, "job_id": str(d.job_id), **d.verdict.document}
+        for d in todo
+        if d.verdict.document is not None
+    ]
+    if not documents:
+        return {}
+    params = {"documents": _json(documents), "now": now}
+    ids = {
+        job_id: int(doc_id) for doc_id, job_id in await session.execute(_INSERT_DOCUMENTS, params)
+    }
+    missing = [uuid.UUID(d["job_id"]) for d in documents if uuid.UUID(d["job_id"]) not in ids]
+    if missing:
+        existing = await session.execute(_EXISTING_DOCUMENTS, {"job_ids": missing})
+        ids.update({job_id: int(doc_id) for doc_id, job_id in existing})
+    return ids
+
+
+def _job_rows(todo: Sequence[Decision]) -> list[dict[str, Any]]:
+    rows = []
+    for decision in todo:
+        invalid = decision.verdict.invalid_result
+        rows.append(
+            {
+                "id": str(decision.job_id),
+                "error_code": invalid.code if invalid else None,
+                "error_message": invalid.message if invalid else None,
+                # The service's document broke the contract: the job failed, as in the inbox.
+                # (Mapping's own failure, MAPPING_ATTEMPTS_EXHAUSTED, keeps the service's status.)
+                "broke_contract": bool(invalid and invalid.code in CONTRACT_ERROR_CODES),
+            }
+        )
+    return rows
+
+
+def _json(rows: list[dict[str, Any]]) -> str:
+    return json.dumps(rows)
+
+
+def _log(outcome: MappingOutcome) -> None:
+    if outcome.file_status is None:  # mapped for the record: the file has a newer attempt
+        return
+    logger.info(
+        "Result of job %s mapped: file %s%s%s",
+        outcome.job_id,
+        outcome.file_status,
+        f", retried as {outcome.replayed.new_job_id}" if outcome.replayed else "",
+        f", mail {outcome.finalized_mail_id} final" if outcome.finalized_mail_id else "",
+    )
