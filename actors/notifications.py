@@ -11,19 +11,30 @@ from actors.sending import send_off_loop
 from mailroom import notifications
 from mailroom.config_store import effective
 
+#: This process's routes, re-read only when the route rows change.
+_ROUTES = effective.RuntimeRoutes()
+
 
 @dramatiq.actor(queue_name=queues.MAPPING, retry_policy=RetryPolicy(max_attempts=10))
 async def notify_final_mails() -> None:
     """Create and enqueue the notifications of mails that became final (ARCHITECTURE.md, Notifications)."""
     resources = current()
+    sessions = await resources.sessions()
     _, more = await notifications.notify_final_mails(
-        sessions=await resources.sessions(),
+        sessions=sessions,
         redis=await resources.redis(),
-        settings=await effective.delivery_routes(
-            await resources.sessions(),
+        settings=await _ROUTES.get(
+            sessions,
             resources.settings.delivery,
             resources.settings.runtime_config.key.get_secret_value(),
         ),
     )
     if more:
+        await request_notification_pass()
+
+
+async def request_notification_pass() -> None:
+    """Send ``notify_final_mails`` unless a pass is already queued and not yet started."""
+    resources = current()
+    if await notifications.request_pass(await resources.redis(), resources.settings.delivery):
         await send_off_loop(notify_final_mails)

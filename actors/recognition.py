@@ -13,7 +13,7 @@ from typing import Any
 import dramatiq
 
 from actors import queues
-from actors.notifications import notify_final_mails
+from actors.notifications import request_notification_pass
 from actors.resources import current
 from actors.retry_policy import RetryPolicy
 from actors.sending import send_each_off_loop, send_off_loop
@@ -28,14 +28,15 @@ logger = logging.getLogger(__name__)
 async def on_mails_final(mail_ids: Iterable[int]) -> None:
     """These mails just became final (every file settled): create their notifications.
 
-    The scheduler's notification sweep sends the same actor, so a crash right
-    here only delays them.
+    One pass request for all of them, coalesced with a pass already queued. The
+    scheduler's notification sweep sends the same actor, so a crash right here
+    only delays them.
     """
     finals = list(mail_ids)
     for mail_id in finals:
         logger.info("Mail %d is final", mail_id)
     if finals:
-        await send_off_loop(notify_final_mails)
+        await request_notification_pass()
 
 
 @dramatiq.actor(queue_name=queues.OUTBOX, retry_policy=RetryPolicy(max_attempts=3))
@@ -102,7 +103,7 @@ async def apply_recognition_message(subject: str, data: str, headers: dict[str, 
     )
     await on_mails_final(result.finalized_mail_ids)
     if result.map_job_id is not None:
-        await send_off_loop(map_recognition_result, str(result.map_job_id))
+        await send_off_loop(map_recognition_results, [str(result.map_job_id)])
 
 
 @dramatiq.actor(queue_name=queues.INBOX, retry_policy=RetryPolicy(max_attempts=20))
@@ -145,8 +146,8 @@ async def apply_recognition_messages(messages: list[dict[str, Any]]) -> None:
 
 
 def _send_inbox_followups(map_job_ids: list[str], failed: list[tuple[InboxMessage, str]]) -> None:
-    for job_id in map_job_ids:
-        map_recognition_result.send(job_id)
+    if map_job_ids:
+        map_recognition_results.send(map_job_ids)
     for message, data in failed:
         apply_recognition_message.send(message.subject, data, dict(message.headers))
     if failed:
@@ -154,23 +155,57 @@ def _send_inbox_followups(map_job_ids: list[str], failed: list[tuple[InboxMessag
 
 
 @dramatiq.actor(queue_name=queues.MAPPING, retry_policy=RetryPolicy(max_attempts=10))
-async def map_recognition_result(job_id: str) -> None:
-    """Turn one result file into a document (ARCHITECTURE.md, Recognition)."""
-    try:
-        parsed = uuid.UUID(job_id)
-    except (ValueError, TypeError, AttributeError):
-        logger.warning("Mapping skipped: job id %s is not a uuid", short_repr(job_id))
+async def map_recognition_results(job_ids: list[str]) -> None:
+    """Turn the result files of one inbox batch into documents (ARCHITECTURE.md, Recognition).
+
+    A job that fails in the batch is sent on as its own ``map_recognition_result``, so it
+    retries alone; when all fail the batch raises and is retried (idempotent by job).
+    """
+    parsed = _job_ids(job_ids if isinstance(job_ids, list) else [job_ids])
+    if not parsed:
         return
     resources = current()
-    result = await mapping.map_recognition_result(
+    outcomes = await mapping.map_recognition_results(
         await resources.sessions(),
         await resources.store(),
         parsed,
         settings=resources.settings.recognition,
     )
+    await on_mails_final(mail_id for o in outcomes for mail_id in o.finalized_mail_ids)
+    if any(o.replayed is not None for o in outcomes):
+        await send_off_loop(publish_recognition_requests)
+    failed = [(str(o.job_id),) for o in outcomes if o.applied == "failed"]
+    if await send_each_off_loop(map_recognition_result, failed):
+        logger.warning("Mapping batch: %d jobs sent on to retry alone", len(failed))
+
+
+@dramatiq.actor(queue_name=queues.MAPPING, retry_policy=RetryPolicy(max_attempts=10))
+async def map_recognition_result(job_id: str) -> None:
+    """Turn one result file into a document: a job retried alone, the sweep's, or one queued earlier."""
+    parsed = _job_ids([job_id])
+    if not parsed:
+        return
+    resources = current()
+    result = await mapping.map_recognition_result(
+        await resources.sessions(),
+        await resources.store(),
+        parsed[0],
+        settings=resources.settings.recognition,
+    )
     await on_mails_final(result.finalized_mail_ids)
     if result.replayed is not None:
         await send_off_loop(publish_recognition_requests)
+
+
+def _job_ids(values: list[Any]) -> list[uuid.UUID]:
+    """The values that are uuids; each other one is warned about and dropped."""
+    parsed = []
+    for value in values:
+        try:
+            parsed.append(uuid.UUID(value))
+        except (ValueError, TypeError, AttributeError):
+            logger.warning("Mapping skipped: job id %s is not a uuid", short_repr(value))
+    return parsed
 
 
 @dramatiq.actor(queue_name=queues.MAINTENANCE, retry_policy=RetryPolicy(max_attempts=1))

@@ -2,9 +2,18 @@
 
 A mail is final when every file of it is settled. Its notifications are
 created in one transaction that also stamps ``notified_at`` (so they are made
-once per final state), then put on the delivery stream after the commit. The
+once per final state), then put on the delivery stream after the commit; a pass
+takes up to ``notification_batch_size`` mails in a handful of statements. The
 actor runs when mapping finalizes a mail and a scheduler sweep runs it too, so a
 crash between the finalizing commit and this step only delays the notification.
+
+Passes are coalesced: whoever wants one sets a Redis mark (``request_pass``) and
+sends the actor only if the mark was not set already; a pass clears the mark
+before it reads any mail. A mail that became final before a request is therefore
+seen by the pass that request found queued (it has not cleared the mark, so it
+has not read yet) or by the pass the request sends, while a backlog of final
+mails costs one queued pass, not one per mail. A mark left by a process that died
+before sending expires after ``PASS_REQUEST_TTL_S``; the sweep runs passes anyway.
 A route whose template or configuration raises fails only its own message
 (``failed``, ``ROUTE_FAILED`` in ``last_error``), never the pass: the other
 routes and mails are notified and the mail is still stamped.
@@ -19,13 +28,13 @@ from datetime import datetime
 from typing import Any
 
 import redis.asyncio as aioredis
-from sqlalchemy import select
+from redis.exceptions import RedisError
+from sqlalchemy import func, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from mailroom.clock import db_now
 from mailroom.db import transaction
-from mailroom.delivery.producer import create_message, enqueue_messages
+from mailroom.delivery.producer import enqueue_messages
 from mailroom.models import ChannelMessage, Document, InboundMail, MailboxCursor, StoredFile
 from mailroom.recognition.finality import finalize_settled_mails
 from mailroom.settings import DeliverySettings, NotificationRoute
@@ -36,6 +45,11 @@ logger = logging.getLogger(__name__)
 MAX_VALUE_CHARS = 200
 #: ``last_error`` prefix of a notification whose route could not be rendered.
 ROUTE_FAILED = "ROUTE_FAILED"
+#: How long a pass request holds off the next ones, in seconds: the longest wait for a
+#: pass after a process died between setting the mark and sending the pass.
+PASS_REQUEST_TTL_S = 60
+#: Messages inserted per statement (9 parameters each; a statement takes at most 32767).
+INSERT_CHUNK = 1_000
 
 
 @dataclass
@@ -159,26 +173,34 @@ class NotificationBatch:
 
 
 async def create_notifications(
-    session: AsyncSession, *, routes: Sequence[NotificationRoute], now: datetime, limit: int = 100
+    session: AsyncSession,
+    *,
+    routes: Sequence[NotificationRoute],
+    now: datetime | None = None,
+    limit: int = 100,
 ) -> NotificationBatch:
     """Create the messages of up to ``limit`` final, un-notified mails.
 
     Runs in the caller's transaction. Mails are claimed with SKIP LOCKED so two
     runs never notify one mail twice; the dedupe key (mail, final state, route)
-    makes a repeat after a crash a no-op.
+    makes a repeat after a crash a no-op. ``notified_at`` is ``now``, or the
+    database's ``now()`` (read by the claiming statement itself) when not given.
     """
-    mails = list(
-        (
-            await session.scalars(
-                select(InboundMail)
-                .where(InboundMail.status == "final", InboundMail.notified_at.is_(None))
-                .order_by(InboundMail.id)
-                .limit(limit)
-                .with_for_update(skip_locked=True)
-            )
-        ).all()
-    )
+    claimed = (
+        await session.execute(
+            select(InboundMail, func.now())
+            .where(InboundMail.status == "final", InboundMail.notified_at.is_(None))
+            .order_by(InboundMail.id)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+        )
+    ).all()
+    mails = [mail for mail, _ in claimed]
     batch = NotificationBatch(mails=len(mails))
+    if not mails:
+        return batch
+    now = now or claimed[0][1]
+    values: list[dict[str, Any]] = []
     for summary, mail in zip(await _summaries(session, mails), mails, strict=True):
         state = int((mail.finalized_at or now).timestamp() * 1000)
         for number, route in enumerate(routes):
@@ -190,24 +212,47 @@ async def create_notifications(
             except Exception as exc:
                 await _record_route_failure(session, route, number, mail.id, key, exc)
                 continue
-            message_id = await create_message(
-                session,
-                channel=route.channel,
-                account=route.account,
-                recipient=route.recipient,
-                subject=subject,
-                body=body,
-                mail_id=mail.id,
-                dedupe_key=key,
+            values.append(
+                {
+                    "channel": route.channel,
+                    "account": route.account,
+                    "recipient": route.recipient,
+                    "subject": subject,
+                    "body": body,
+                    "status": "pending",
+                    "dedupe_key": key,
+                    "mail_id": mail.id,
+                }
             )
-            if message_id is not None:
-                batch.message_ids.append(message_id)
-        mail.notified_at = now
-    if mails:
-        logger.info(
-            "Created %d notification(s) for %d final mail(s)", len(batch.message_ids), len(mails)
-        )
+    batch.message_ids = await _insert_messages(session, values)
+    await session.execute(
+        update(InboundMail)
+        .where(InboundMail.id.in_([mail.id for mail in mails]))
+        .values(notified_at=now)
+        .execution_options(synchronize_session=False)
+    )
+    logger.info(
+        "Created %d notification(s) for %d final mail(s)", len(batch.message_ids), len(mails)
+    )
     return batch
+
+
+async def _insert_messages(session: AsyncSession, values: list[dict[str, Any]]) -> list[int]:
+    """Insert pending messages, a chunk per statement; the ids of the new ones, in order.
+
+    A dedupe key already used inserts nothing (the earlier message stands), as in
+    ``delivery.producer.create_message``.
+    """
+    ids: list[int] = []
+    for start in range(0, len(values), INSERT_CHUNK):
+        statement = (
+            insert(ChannelMessage)
+            .values(values[start : start + INSERT_CHUNK])
+            .on_conflict_do_nothing(index_elements=["dedupe_key"])
+            .returning(ChannelMessage.id)
+        )
+        ids += sorted(message_id for (message_id,) in await session.execute(statement))
+    return ids
 
 
 async def _record_route_failure(
@@ -237,6 +282,32 @@ async def _record_route_failure(
     )
 
 
+def pass_request_key(settings: DeliverySettings) -> str:
+    """The Redis key of the mark that a notification pass is wanted (one per stream)."""
+    return f"{settings.stream_key}:notify-pass-requested"
+
+
+async def request_pass(redis: aioredis.Redis, settings: DeliverySettings) -> bool:
+    """Mark a pass as wanted; True when the caller must send one (none is waiting to start).
+
+    When Redis cannot be asked, True: a pass too many costs less than a mail left waiting.
+    """
+    try:
+        return bool(
+            await redis.set(pass_request_key(settings), "1", nx=True, ex=PASS_REQUEST_TTL_S)
+        )
+    except RedisError as exc:
+        logger.warning("Notification pass request not recorded (%s); sending one", exc)
+        return True
+
+
+async def _clear_request(redis: aioredis.Redis, settings: DeliverySettings) -> None:
+    try:
+        await redis.delete(pass_request_key(settings))
+    except RedisError as exc:  # the mark expires; requests until then join this pass
+        logger.warning("Notification pass request not cleared: %s", exc)
+
+
 async def notify_final_mails(
     *,
     sessions: async_sessionmaker[AsyncSession],
@@ -251,11 +322,10 @@ async def notify_final_mails(
     whether more mails may be waiting.
     """
     limit = limit or settings.notification_batch_size
+    # NOTE: before any read, so a mail made final by a request that found the mark set is seen.
+    await _clear_request(redis, settings)
     async with transaction(sessions) as session:
-        await finalize_settled_mails(session, now=await db_now(session), limit=limit)
-    async with transaction(sessions) as session:
-        batch = await create_notifications(
-            session, routes=settings.routes, now=await db_now(session), limit=limit
-        )
+        await finalize_settled_mails(session, limit=limit)
+        batch = await create_notifications(session, routes=settings.routes, limit=limit)
     await enqueue_messages(batch.message_ids, redis=redis, sessions=sessions, settings=settings)
     return batch.message_ids, batch.mails >= limit

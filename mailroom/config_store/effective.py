@@ -154,7 +154,38 @@ async def intake_settings(
 async def delivery_routes(
     sessions: async_sessionmaker[AsyncSession], delivery: DeliverySettings, key: str
 ) -> DeliverySettings:
-    """``delivery`` with its routes as the table says now (read per notification pass)."""
+    """``delivery`` with its routes as the table says now."""
     async with sessions() as session:
         found = await routes(session, delivery, Cipher(key))
     return delivery.model_copy(update={"routes": found})
+
+
+class RuntimeRoutes:
+    """``delivery_routes`` kept until the table's routes change: one version query per call.
+
+    A notification pass needs the routes each time, but reading the rows and
+    decrypting their secrets every pass cost more than the pass itself; the
+    ``(max(version), count)`` pair of the route rows changes on every write.
+    Kept per process; a call with other settings, key or database loads anew.
+    """
+
+    def __init__(self) -> None:
+        # Compared by identity and held here, so an id is never reused while it is compared.
+        self._sessions: async_sessionmaker[AsyncSession] | None = None
+        self._delivery: DeliverySettings | None = None
+        self._seen: tuple[str, tuple[int, int]] | None = None
+        self._settings: DeliverySettings | None = None
+
+    async def get(
+        self, sessions: async_sessionmaker[AsyncSession], delivery: DeliverySettings, key: str
+    ) -> DeliverySettings:
+        async with sessions() as session:
+            seen = (key, await rows.version_of(session, "route"))
+            same_source = self._sessions is sessions and self._delivery is delivery
+            if self._settings is not None and same_source and self._seen == seen:
+                return self._settings
+            # Read after the version: a write in between is simply loaded again next time.
+            found = await routes(session, delivery, Cipher(key))
+        self._settings = delivery.model_copy(update={"routes": found})
+        self._sessions, self._delivery, self._seen = sessions, delivery, seen
+        return self._settings

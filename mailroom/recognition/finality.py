@@ -109,7 +109,7 @@ _FINAL = ", ".join(f"'{s}'" for s in FINAL_FILE_STATUSES)
 _FINALIZE_MAILS = text(
     f"""
     UPDATE inbound_mail AS m
-       SET status = 'final', finalized_at = :now
+       SET status = 'final', finalized_at = COALESCE(CAST(:now AS timestamptz), now())
      WHERE m.id = ANY(:mail_ids)
        AND m.status = 'stored'
        AND NOT EXISTS (
@@ -127,9 +127,11 @@ _FINALIZE_MAILS = text(
 
 
 async def finalize_mails(
-    session: AsyncSession, mail_ids: Collection[int], *, now: datetime
+    session: AsyncSession, mail_ids: Collection[int], *, now: datetime | None = None
 ) -> list[int]:
     """Mark final each of ``mail_ids`` whose files are all settled; the ids marked now.
+
+    ``finalized_at`` is ``now``, or the database's ``now()`` when not given.
 
     Call after the file updates of this transaction. Two transactions settling the
     last two files of one mail would each miss the other's uncommitted change;
@@ -178,7 +180,7 @@ _SETTLED_STORED_MAILS = text(
 
 
 async def finalize_settled_mails(
-    session: AsyncSession, *, now: datetime, limit: int = 500
+    session: AsyncSession, *, now: datetime | None = None, limit: int = 500
 ) -> list[int]:
     """Finalize stored mails whose files are all settled (or that have none).
 

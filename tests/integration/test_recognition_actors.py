@@ -23,6 +23,7 @@ from actors.retry_policy import RetryPolicy
 from bridges.nats import NatsBridge
 from mailroom.adapters.nats import NatsClient
 from mailroom.adapters.storage import build_store
+from tests.fixtures.recognition import make_settings
 
 pytestmark = pytest.mark.integration
 
@@ -56,6 +57,19 @@ def response(ref, status, **extra):
             **extra,
         }
     ).encode()
+
+
+@pytest.fixture
+def recognition_settings(database_url, nats_url, subject_prefix, tmp_path, redis_url):
+    """With the session's Redis: a mapping that makes a mail final requests a notification pass."""
+    settings = make_settings(
+        database_url=database_url,
+        nats_url=nats_url,
+        subject_prefix=subject_prefix,
+        tmp_path=tmp_path,
+    )
+    settings.redis.url = redis_url
+    return settings
 
 
 @pytest.fixture
