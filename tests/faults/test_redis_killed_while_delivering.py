@@ -50,6 +50,17 @@ def own_redis(tmp_path) -> Iterator[EmbeddedRedis]:
     server.stop()
 
 
+def _log_lines(system, needles: list[str]) -> list[str]:
+    if not needles:
+        return []
+    return [
+        f"{log.name}: {line}"
+        for log in sorted(system.logs.glob("*.log"))
+        for line in log.read_text(errors="replace").splitlines()
+        if any(needle in line for needle in needles)
+    ]
+
+
 def _count(system, where: str) -> int:
     return system.scalar(f"SELECT count(*) FROM channel_message WHERE {where}")
 
@@ -115,11 +126,16 @@ def test_redis_killed_while_a_batch_settles_sends_nothing_twice(own_redis, make_
     # NOTE: a message in flight at the kill is sometimes counted a second attempt (3 of them in
     # one CI run of session 5) although its one POST was recorded and never repeated: printed
     # here, not asserted, until that extra count is explained (see the session 5 note).
-    attempted_again = system.scalar(
-        "SELECT count(*) FROM channel_message WHERE attempts <> 1 AND id = ANY(%s)",
-        list(in_flight),
-    )
+    attempted_again = [
+        row[0]
+        for row in system.query(
+            "SELECT id FROM channel_message WHERE attempts <> 1 AND id = ANY(%s)", list(in_flight)
+        )
+    ]
     print(f"in flight at the kill: {len(in_flight)}, attempted again: {attempted_again}")
+    # What the processes said about them: the next occurrence explains itself.
+    for line in _log_lines(system, [f"essage {mid} " for mid in attempted_again]):
+        print(line)
     total = MAILS + MAILS_AFTER
     assert found == {
         "mails final": total,
