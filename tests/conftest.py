@@ -17,8 +17,9 @@ from dramatiq.brokers.stub import StubBroker
 from dramatiq.worker import _WorkerMiddleware
 
 #: CI's switch (``tests/fixtures/dovecot.py``), read before the loop below drops it with every
-#: other ``MAILROOM_*`` variable: a missing Dovecot fails its tests instead of skipping them.
-_require_dovecot = os.environ.get("MAILROOM_TEST_REQUIRE_DOVECOT") == "1"
+#: other ``MAILROOM_*`` variable: a missing Dovecot or Debian redis-server fails its tests
+#: instead of skipping them.
+_require_debian_servers = os.environ.get("MAILROOM_TEST_REQUIRE_DEBIAN_SERVERS") == "1"
 
 # Stray MAILROOM_* variables from a developer's shell must not leak into tests.
 for _name in [n for n in os.environ if n.startswith("MAILROOM_")]:
@@ -43,20 +44,20 @@ broker = dramatiq.get_broker()
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    from tests.fixtures.dovecot import require_dovecot_key
+    from tests.fixtures.dovecot import require_debian_servers_key
 
-    config.stash[require_dovecot_key] = _require_dovecot
+    config.stash[require_debian_servers_key] = _require_debian_servers
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
     """Name the IMAP servers the intake contract runs on."""
-    from tests.fixtures.dovecot import REQUIRE_DOVECOT_ENV, dovecot_version, find_dovecot
+    from tests.fixtures.dovecot import REQUIRE_DEBIAN_SERVERS_ENV, dovecot_version, find_dovecot
 
     dovecot = find_dovecot()
     if dovecot is None:
         found = "not installed, its tests are skipped (apt-get install dovecot-imapd)"
-        if _require_dovecot:
-            found = f"not installed, and {REQUIRE_DOVECOT_ENV}=1: its tests fail"
+        if _require_debian_servers:
+            found = f"not installed, and {REQUIRE_DEBIAN_SERVERS_ENV}=1: its tests fail"
     else:
         found = f"{dovecot_version(dovecot)} ({dovecot})"
     from tests.fixtures.links import DEBIAN_REDIS
