@@ -303,3 +303,55 @@ async def test_follow_up_sends_of_async_actors_run_off_the_event_loop(
     names = [name for name, _, _ in sent]
     assert names.count("map_recognition_result") == 3 and "notify_final_mails" in names
     assert [entry for entry in sent if entry[2]] == []
+
+
+async def test_a_mapping_batch_sends_its_poison_on_alone_and_requests_one_notification_pass(
+    recognition_factory, recognition_resources, stub_broker, stub_worker, monkeypatch
+):
+    # The poison is sent on as its own message; give up on it at once here.
+    monkeypatch.setitem(map_recognition_result.options, "retry_policy", RetryPolicy(max_attempts=1))
+    store = build_store(recognition_resources)
+    refs = [
+        await recognition_factory.create_job(status="published", reply_deadline="2999-01-01")
+        for _ in range(3)
+    ]
+    subject = recognition_resources.nats.subject("files.tabular_parsed")
+    items = []
+    for n, ref in enumerate(refs):
+        # Valid for the contract, but Postgres jsonb cannot hold a NUL character.
+        title = "Q\u00003" if n == 1 else "Q3"
+        result = {
+            "schema_version": "1.0",
+            "job_id": str(ref.job_id),
+            "document_type": "generic",
+            "fields": {"title": {"value": title, "confidence": 0.97}},
+        }
+        key = f"results/{ref.job_id}.json"
+        await store.put("results", key, json.dumps(result).encode(), media_type="application/json")
+        done = response(ref, "done", result_s3={"bucket": store.bucket("results"), "key": key})
+        items.append({"subject": subject, "data": b64(done), "headers": {}})
+    sent: list[tuple[str, tuple]] = []
+    enqueue = stub_broker.enqueue
+
+    def recording_enqueue(message, *, delay=None):
+        sent.append((message.actor_name, message.args))
+        return enqueue(message, delay=delay)
+
+    monkeypatch.setattr(stub_broker, "enqueue", recording_enqueue)
+    apply_recognition_messages.send(items)
+
+    def join() -> None:
+        for _ in range(3):
+            for queue in ALL:
+                stub_broker.join(queue, fail_fast=False)
+            stub_worker.join()
+
+    await asyncio.to_thread(join)
+
+    statuses = [(await recognition_factory.file(r.file_id))["status"] for r in refs]
+    assert statuses == ["RECOGNIZED", "PROCESSING", "RECOGNIZED"]
+    batches = [args for name, args in sent if name == "map_recognition_results"]
+    assert batches == [([str(r.job_id) for r in refs],)], "one mapping message per inbox batch"
+    [dead] = stub_broker.dead_letters
+    assert (dead.actor_name, dead.args) == ("map_recognition_result", (str(refs[1].job_id),))
+    assert [name for name, _ in sent].count("notify_final_mails") == 1, "two mails, one pass"

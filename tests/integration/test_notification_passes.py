@@ -1,0 +1,87 @@
+"""Notification passes are coalesced, and a mail made final while a pass runs still gets one."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from mailroom import notifications
+from mailroom.notifications import (
+    PASS_REQUEST_TTL_S,
+    notify_final_mails,
+    pass_request_key,
+    request_pass,
+)
+from mailroom.settings import DeliverySettings, NotificationRoute
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def delivery():
+    return DeliverySettings(stream_key=f"test:{uuid.uuid4().hex}", routes=[NotificationRoute()])
+
+
+@pytest.fixture
+async def client(redis_url):
+    client = aioredis.Redis.from_url(redis_url)
+    yield client
+    await client.aclose()
+
+
+async def notified(factory):
+    return {row["mail_id"] for row in await factory.rows("SELECT mail_id FROM channel_message")}
+
+
+async def test_requests_wait_for_the_queued_pass_which_sees_their_mails(
+    recognition_factory, db_sessions, client, delivery
+):
+    first = await recognition_factory.create_mail(status="final")
+    assert await request_pass(client, delivery) is True, "no pass queued: send one"
+    second = await recognition_factory.create_mail(status="final")
+    assert await request_pass(client, delivery) is False, "the queued pass has not started"
+    assert 0 < await client.ttl(pass_request_key(delivery)) <= PASS_REQUEST_TTL_S
+
+    await notify_final_mails(sessions=db_sessions, redis=client, settings=delivery)
+
+    assert await notified(recognition_factory) == {first, second}
+    assert await request_pass(client, delivery) is True, "the pass cleared the mark"
+
+
+async def test_a_mail_made_final_while_a_pass_runs_gets_a_pass_of_its_own(
+    recognition_factory, db_sessions, client, delivery, monkeypatch
+):
+    early = await recognition_factory.create_mail(status="final")
+    assert await request_pass(client, delivery) is True
+    late: list[int] = []
+    requests: list[bool] = []
+    create = notifications.create_notifications
+
+    async def create_then_finalize_another(session, **kwargs):
+        batch = await create(session, **kwargs)
+        # Another process, after this pass has read its mails: a mail becomes final and
+        # its finisher asks for a pass.
+        late.append(await recognition_factory.create_mail(status="final"))
+        requests.append(await request_pass(client, delivery))
+        return batch
+
+    monkeypatch.setattr(notifications, "create_notifications", create_then_finalize_another)
+    await notify_final_mails(sessions=db_sessions, redis=client, settings=delivery)
+    monkeypatch.setattr(notifications, "create_notifications", create)
+
+    assert await notified(recognition_factory) == {early}, "this pass had read before"
+    assert requests == [True], "so the request sends a new pass"
+    await notify_final_mails(sessions=db_sessions, redis=client, settings=delivery)
+    assert await notified(recognition_factory) == {early, *late}
+
+
+async def test_a_request_redis_cannot_record_sends_a_pass_anyway(delivery):
+    down = aioredis.Redis(host="127.0.0.1", port=1, retry=Retry(NoBackoff(), 0))
+    try:
+        assert await request_pass(down, delivery) is True
+    finally:
+        await down.aclose()
