@@ -94,15 +94,16 @@ def build_broker(settings: Settings) -> dramatiq.Broker:
         from dramatiq.brokers.rabbitmq import RabbitmqBroker
 
         return RabbitmqBroker(url=settings.broker.rabbitmq_url, middleware=middleware)
-    from actors.broker_clock import RedisClockBroker
+    from actors.wakeups import WakingRedisBroker
     from mailroom.adapters.redis_client import sync_client
 
     # A client, not a URL: Dramatiq builds a URL's pool without timeouts or retries. One retry
     # only: it replaces a pooled connection a Redis restart killed, and Dramatiq's consumers
     # restart themselves after that. More retries made a worker whose Redis is down take
     # over a minute to stop (each of its consumers retried every close and requeue).
-    # Heartbeats and maintenance on Redis's clock, not this process's (broker_clock.py).
-    return RedisClockBroker(
+    # Heartbeats and maintenance on Redis's clock, not this process's (broker_clock.py);
+    # consumers woken by enqueues rather than polling (wakeups.py).
+    return WakingRedisBroker(
         client=sync_client(settings.broker_redis_url, settings.redis, attempts=1),
         namespace=settings.broker.namespace,
         heartbeat_timeout=settings.broker.heartbeat_timeout_ms,

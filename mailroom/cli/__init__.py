@@ -110,7 +110,7 @@ def worker(
         args += ["--queues", *queues]
     args += list(ctx.args)
     broker = Settings().broker
-    # Dramatiq reads its idle poll period from the environment when it starts.
+    # Dramatiq reads its idle wait (consumers and worker threads) from the environment.
     os.environ.setdefault("dramatiq_worker_timeout", str(broker.worker_poll_ms))
     if broker.prometheus:
         # Dramatiq's exporter runs in a process forked from its main process, which never

@@ -97,9 +97,10 @@ class BrokerSettings(StrictModel):
     #: Default retry backoff for actors without their own policy, in milliseconds.
     retry_min_backoff_ms: int = 1_000
     retry_max_backoff_ms: int = 300_000
-    #: How often an idle Dramatiq consumer looks for work, in milliseconds (Dramatiq: 1000).
-    #: Every actor hop of a mail can wait this long, so Dramatiq's default alone adds seconds.
-    worker_poll_ms: int = 100
+    #: Longest an idle Dramatiq consumer waits before it looks for work unasked, in
+    #: milliseconds (Dramatiq's default). Enqueues wake consumers at once (Redis broker);
+    #: this bounds the wait only for work nobody announced, such as a dead worker's requeue.
+    worker_poll_ms: int = 1_000
     prometheus: bool = False
     prometheus_host: str = "127.0.0.1"
     prometheus_port: int = 9191

@@ -1,0 +1,133 @@
+"""Consumers woken by enqueues (``actors/wakeups.py``) on a real Redis.
+
+Each consumer here waits a minute when idle, so a test that gets its message
+back within the join timeout was woken, not polled.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from typing import Any
+
+import pytest
+from dramatiq import Message
+
+from actors.wakeups import WakingRedisBroker
+
+pytestmark = pytest.mark.integration
+
+#: Idle wait of the consumers under test: far longer than any test waits, in ms.
+IDLE_MS = 60_000
+#: Generous bound for a woken consumer to return, in seconds (not a timing assertion).
+WOKEN_WITHIN_S = 15
+QUEUE = "woken"
+
+
+@pytest.fixture
+def brokers(redis_url):
+    """Two processes' brokers on one namespace: one consumes, one sends."""
+    namespace = f"wake-{uuid.uuid4().hex[:8]}"
+    made = [WakingRedisBroker(url=redis_url, namespace=namespace) for _ in range(2)]
+    for broker in made:
+        broker.declare_queue(QUEUE)
+    yield made
+    for broker in made:
+        broker.close()
+        broker.client.close()
+
+
+def _message() -> Message[Any]:
+    return Message(queue_name=QUEUE, actor_name="probe", args=(), kwargs={}, options={})
+
+
+def _next_in_thread(consumer: Any) -> tuple[threading.Thread, list[Any]]:
+    got: list[Any] = []
+    thread = threading.Thread(target=lambda: got.append(next(consumer)), daemon=True)
+    thread.start()
+    return thread, got
+
+
+def _until(condition: Any, failure: str) -> None:
+    deadline = time.monotonic() + WOKEN_WITHIN_S
+    while not condition():
+        assert time.monotonic() < deadline, failure
+        time.sleep(0.01)
+
+
+def _listening(broker: WakingRedisBroker) -> None:
+    """Wait until the broker's listener has subscribed (a publish before that is unheard)."""
+    channel = broker.wakeups.channel
+    _until(
+        lambda: broker.client.pubsub_numsub(channel)[0][1] >= 1,
+        "the wake-up listener never subscribed",
+    )
+
+
+def test_an_idle_consumer_is_woken_by_another_process_enqueue(brokers):
+    worker, sender = brokers
+    consumer = worker.consume(QUEUE, prefetch=1, timeout=IDLE_MS)
+    _listening(worker)
+    thread, got = _next_in_thread(consumer)
+    _until(lambda: consumer.misses >= 1, "the consumer never missed")  # now in its idle wait
+
+    sender.enqueue(_message())
+
+    thread.join(WOKEN_WITHIN_S)
+    assert not thread.is_alive(), "the consumer slept through the enqueue"
+    assert got == [None]  # woken: the fetch that follows takes the message
+    assert next(consumer).actor_name == "probe"
+
+
+def test_a_full_prefetch_is_woken_when_a_message_is_acked(brokers):
+    worker, sender = brokers
+    consumer = worker.consume(QUEUE, prefetch=1, timeout=IDLE_MS)
+    sender.enqueue(_message())
+    held = next(consumer)
+    assert held is not None
+    thread, _ = _next_in_thread(consumer)
+    _until(lambda: consumer._waiting_for_room, "the consumer never waited for room")
+
+    consumer.ack(held)
+
+    thread.join(WOKEN_WITHIN_S)
+    assert not thread.is_alive(), "an ack with a full prefetch did not wake the consumer"
+
+
+def test_a_delayed_message_handed_out_shortens_the_idle_wait_to_its_eta(brokers):
+    worker, sender = brokers
+    delay_queue = f"{QUEUE}.DQ"
+    consumer = worker.consume(delay_queue, prefetch=10, timeout=IDLE_MS)
+    sender.enqueue(_message(), delay=30_000)
+
+    delayed = next(consumer)
+
+    assert delayed is not None and delayed.options["eta"] > 0
+    assert 0 < consumer._wait_s() <= 30.0 < IDLE_MS / 1000
+
+
+def test_the_listener_resubscribes_after_its_connection_is_killed(brokers):
+    worker, sender = brokers
+    consumer = worker.consume(QUEUE, prefetch=1, timeout=IDLE_MS)
+    _listening(worker)
+    killed = sender.client.client_kill_filter(_type="pubsub")
+    assert killed >= 1
+    _listening(worker)
+    consumer.wake.clear()
+
+    sender.enqueue(_message())
+
+    assert consumer.wake.wait(WOKEN_WITHIN_S), "no wake-up after the listener reconnected"
+
+
+def test_closing_the_broker_stops_its_listener(brokers):
+    worker, _ = brokers
+    worker.consume(QUEUE, prefetch=1, timeout=IDLE_MS)
+    listener = worker.wakeups._thread
+    assert listener is not None and listener.is_alive()
+
+    worker.close()
+
+    assert not listener.is_alive()
+    assert worker.client.pubsub_numsub(worker.wakeups.channel)[0][1] == 0
