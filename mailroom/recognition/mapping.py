@@ -37,6 +37,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from mailroom.recognition import attempts
+from mailroom.recognition.contracts import UNKNOWN_SERVICE
 from mailroom.recognition.finality import MAX_REASON_CHARS
 from mailroom.recognition.mapping_verdict import (
     MAPPING_ACTOR,
@@ -56,7 +57,6 @@ from mailroom.recognition.violations import (
     INVALID_RESULT,
     MAX_SERVICE_CHARS,
     RESULT_TOO_LARGE,
-    UNKNOWN_SERVICE,
     Violation,
     report_violation,
 )
