@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, cast
@@ -27,7 +27,6 @@ from typing import Any, cast
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from mailroom.clock import db_now
 from mailroom.models import FINAL_JOB_STATUSES
 from mailroom.recognition import attempts, inbox_sql
 from mailroom.recognition.contracts import (
@@ -56,9 +55,10 @@ class _Job:
 
     row: dict[str, Any]
     changed: bool = False
-    result_applied: bool = False
     #: Taken out of a NO_ACK dead letter by this batch (revive.py).
     revived: bool = False
+    #: ``metrics`` to be written (a result's, a revival's trace, an attempt given back).
+    metrics_changed: bool = False
     #: The file change this batch asks for: ``None``, ``"processing"`` or ``"error"``.
     file_change: str | None = None
     file_reason: str | None = None
@@ -89,8 +89,13 @@ class _Batch:
             logger.log(level, message, *args)
 
 
-def _apply_one(batch: _Batch, jobs: dict[uuid.UUID, _Job], parsed: Parsed, now: datetime) -> None:
-    """One message's rules against the locked rows (ARCHITECTURE.md, Recognition, Inbox)."""
+def _apply_one(
+    batch: _Batch, jobs: dict[uuid.UUID, _Job], parsed: Parsed, now: datetime | None
+) -> None:
+    """One message's rules against the locked rows (ARCHITECTURE.md, Recognition, Inbox).
+
+    ``now`` is the caller's time, else the transaction's, which each locked row carries.
+    """
     response = parsed.response
     job = jobs.get(response.job_id)
     if job is None:
@@ -122,10 +127,11 @@ def _apply_one(batch: _Batch, jobs: dict[uuid.UUID, _Job], parsed: Parsed, now: 
             job.id,
             msg_id,
         )
+    clock: datetime = now or job.row["db_now"]
     if response.is_ack:
-        batch.outcomes.append(_apply_ack(batch, job, response, now))
+        batch.outcomes.append(_apply_ack(batch, job, response, clock))
     else:
-        batch.outcomes.append(_apply_result(batch, job, response, msg_id, now))
+        batch.outcomes.append(_apply_result(batch, job, response, msg_id, clock))
 
 
 def _apply_ack(
@@ -190,7 +196,7 @@ def _apply_result(
         result_object_id=None,
         result_msg_id=msg_id,
     )
-    job.changed = job.result_applied = True
+    job.changed = job.metrics_changed = True
     job.result_object = (result_s3.bucket, result_s3.key) if result_s3 else None
     job.created_by = f"recognition:{response.service.name}"[:100]
     if response.status == "error":
@@ -207,7 +213,7 @@ def _revive_if_dead_lettered(batch: _Batch, job: _Job, now: datetime, *, ack: bo
     if not revivable(job.row, now, ack=ack):
         return
     revive(job.row, now)
-    job.changed = job.revived = True
+    job.changed = job.revived = job.metrics_changed = True
     batch.log(
         logging.WARNING, "Recognition job %s answered after its NO_ACK dead letter: revived", job.id
     )
@@ -225,14 +231,21 @@ async def _register_objects(session: AsyncSession, jobs: Sequence[_Job]) -> None
 
 
 async def _apply_in_one_transaction(
-    sessions: async_sessionmaker[AsyncSession], parsed: Sequence[Parsed], now: datetime | None
+    sessions: async_sessionmaker[AsyncSession],
+    parsed: Sequence[Parsed],
+    now: datetime | None,
+    *,
+    uncount: Collection[uuid.UUID] = (),
 ) -> _Batch:
+    """Lock, apply, write back; ``uncount``: jobs whose batch attempt comes back with the commit."""
     batch = _Batch()
-    ids = sorted({p.response.job_id for p in parsed})
+    ids = inbox_sql.uuid_array({p.response.job_id for p in parsed})
     async with sessions() as session, session.begin():
-        now = now or await db_now(session)
         locked = await session.execute(inbox_sql.LOCK_JOBS, {"ids": ids})
         jobs = {row.id: _Job(dict(row._mapping)) for row in locked}
+        for job_id in uncount:
+            if job_id in jobs:
+                _give_back_batch_attempt(jobs[job_id])
         for message in parsed:
             _apply_one(batch, jobs, message, now)
         changed = [job for job in jobs.values() if job.changed]
@@ -241,7 +254,7 @@ async def _apply_in_one_transaction(
             job_rows = [
                 {
                     **{name: job.row[name] for name in inbox_sql.WRITTEN},
-                    "metrics_changed": job.result_applied or job.revived,
+                    "metrics_changed": job.metrics_changed,
                 }
                 for job in changed
             ]
@@ -271,6 +284,24 @@ async def _apply_in_one_transaction(
             )
     batch.emit()
     return batch
+
+
+def _give_back_batch_attempt(job: _Job) -> None:
+    """The batch's counted attempt, given back in the batch's own transaction (attempts.py).
+
+    As ``attempts.give_back`` would in a transaction of its own: one less, and no key at
+    zero. Committed with the write-back or not at all; a failed batch gives it back apart.
+    """
+    metrics = job.row["metrics"]
+    key = attempts.INBOX_BATCH_ATTEMPTS
+    if not isinstance(metrics, dict) or key not in metrics:
+        return
+    left = {name: value for name, value in metrics.items() if name != key}
+    count = metrics[key]
+    if isinstance(count, int) and count > 1:
+        left[key] = count - 1
+    job.row["metrics"] = left
+    job.changed = job.metrics_changed = True
 
 
 async def apply_recognition_messages(
@@ -349,10 +380,7 @@ async def _apply_counted_held(
 ) -> list[InboxOutcome]:
     counts = await attempts.count_attempts(sessions, job_ids, attempts.INBOX_BATCH_ATTEMPTS)
     if all(count == 1 for count in counts.values()):
-        try:
-            return await _apply_batch(sessions, parsed, now)
-        finally:
-            await attempts.give_back(sessions, counts, attempts.INBOX_BATCH_ATTEMPTS)
+        return await _apply_batch(sessions, parsed, now, uncount=counts)
     # An earlier batch holding one of these jobs never came back: charge each message alone, on
     # its own job only (a batch's death says nothing about which of its messages killed it).
     await attempts.give_back(sessions, counts, attempts.INBOX_BATCH_ATTEMPTS)
@@ -367,19 +395,31 @@ async def _apply_counted_held(
 
 
 async def _apply_batch(
-    sessions: async_sessionmaker[AsyncSession], parsed: Sequence[Parsed], now: datetime | None
+    sessions: async_sessionmaker[AsyncSession],
+    parsed: Sequence[Parsed],
+    now: datetime | None,
+    *,
+    uncount: Collection[uuid.UUID] = (),
 ) -> list[InboxOutcome]:
+    """The batch in one transaction, which gives back its counted attempts (``uncount``).
+
+    A batch that fails is applied one by one, and its attempts are given back apart
+    after that, however it ends (a death meanwhile leaves them counted).
+    """
     try:
-        return (await _apply_in_one_transaction(sessions, parsed, now)).outcomes
-    except Exception as exc:
-        if len(parsed) == 1 or _connection_lost(exc):
-            raise
-        logger.warning(
-            "Recognition batch of %d messages failed (%s); applying them one by one",
-            len(parsed),
-            type(exc).__name__,
-        )
-        return await _apply_one_by_one(sessions, parsed, now)
+        return (await _apply_in_one_transaction(sessions, parsed, now, uncount=uncount)).outcomes
+    except BaseException as exc:
+        try:
+            if len(parsed) == 1 or not isinstance(exc, Exception) or _connection_lost(exc):
+                raise
+            logger.warning(
+                "Recognition batch of %d messages failed (%s); applying them one by one",
+                len(parsed),
+                type(exc).__name__,
+            )
+            return await _apply_one_by_one(sessions, parsed, now)
+        finally:
+            await attempts.give_back(sessions, uncount, attempts.INBOX_BATCH_ATTEMPTS)
 
 
 async def _apply_one_by_one(

@@ -6,22 +6,24 @@ lock and the write-back (ARCHITECTURE.md, Recognition, Inbox).
 
 from __future__ import annotations
 
-import json
-from datetime import datetime
+import uuid
+from collections.abc import Iterable
 from typing import Any
 
+import pydantic_core
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 # The columns an answer may change; the batch reads them under the lock and writes them back.
+# Each row carries the transaction's time (``now()``), so the batch needs no round trip for it.
 LOCK_JOBS = text(
     """
-    SELECT id, file_id, status, attempt, result_msg_id, metrics, started_at, finished_at,
+    SELECT now() AS db_now, id, file_id, status, attempt, result_msg_id, metrics, started_at, finished_at,
            service_name, service_version, fields_total, fields_low_confidence,
            fields_unrecognized, error_code, error_message, result_schema_version,
            result_object_id, reply_deadline
       FROM recognition_job
-     WHERE id = ANY(:ids)
+     WHERE id = ANY(CAST(:ids AS uuid[]))
      ORDER BY id
        FOR UPDATE
     """
@@ -80,7 +82,7 @@ WRITE_BACK = text(
     UPDATE stored_file AS f
        SET status = CASE WHEN r.error THEN 'ERROR' ELSE 'PROCESSING' END,
            status_reason = CASE WHEN r.error OR r.revived THEN r.reason ELSE f.status_reason END,
-           updated_at = :now
+           updated_at = COALESCE(CAST(:now AS timestamptz), now())
       FROM jsonb_to_recordset(CAST(:files AS jsonb))
            AS r(job_id uuid, file_id bigint, error boolean, revived boolean, reason text)
      WHERE f.id = r.file_id AND f.id = ANY(CAST(:file_ids AS bigint[]))
@@ -110,14 +112,20 @@ WRITTEN = (
 
 
 def to_json(value: Any) -> str:
-    """Compact JSON for the ``jsonb_to_recordset`` parameters; datetimes as ISO text."""
-    return json.dumps(value, default=_json_default, separators=(",", ":"))
+    """Compact JSON for the ``jsonb_to_recordset`` parameters; datetimes as ISO text.
+
+    pydantic's serializer: several times faster than ``json.dumps`` with a ``default``
+    hook on a batch's rows (datetimes, uuids), with the same output for Postgres.
+    """
+    return pydantic_core.to_json(value).decode()
 
 
-def _json_default(value: Any) -> Any:
-    if isinstance(value, datetime):
-        return value.isoformat()
-    return str(value)
+def uuid_array(ids: Iterable[uuid.UUID]) -> str:
+    """A ``uuid[]`` literal for ``CAST(:ids AS uuid[])``: one text parameter, not a list.
+
+    psycopg dumps a list element by element; a batch's ids as one string cost far less.
+    """
+    return "{" + ",".join(str(job_id) for job_id in ids) + "}"
 
 
 async def register_objects(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 
 import pytest
 from sqlalchemy import text
@@ -53,6 +54,48 @@ async def test_applied_batches_leave_no_count(db_sessions, recognition_factory):
     assert [o.applied for o in outcomes] == ["result_applied", "result_applied"]
     for ref in (a, b):
         assert "inbox_attempts" not in (await recognition_factory.job(ref.job_id))["metrics"]
+
+
+async def test_a_batch_gives_its_attempts_back_in_its_own_transaction(
+    db_sessions, recognition_factory, monkeypatch
+):
+    """Applied, duplicate or late, each job's batch count goes with the batch's commit."""
+    applied = await recognition_factory.create_job(status="processing", metrics={"keep": 1})
+    done = await recognition_factory.create_job(
+        status="done", result_msg_id=f"{uuid.uuid4()}:1:result", metrics={"keep": 2}
+    )
+    apart = []
+
+    async def give_back(sessions, job_ids, key):
+        apart.append(sorted(job_ids))
+
+    monkeypatch.setattr(attempts, "give_back", give_back)
+    outcomes = await apply(db_sessions, error_result(applied), error_result(done))
+
+    assert [o.applied for o in outcomes] == ["result_applied", "result_late"]
+    assert apart == [], "nothing was left to give back in a transaction of its own"
+    assert (await recognition_factory.job(applied.job_id))["metrics"] == {"keep": 1}
+    late = await recognition_factory.job(done.job_id)
+    assert late["metrics"] == {"keep": 2} and late["status"] == "done"
+
+
+async def test_a_failed_batch_gives_its_attempts_back_after_its_messages_went_one_by_one(
+    db_sessions, recognition_factory
+):
+    good = await recognition_factory.create_job(status="processing")
+    poison = await recognition_factory.create_job(status="processing")
+    refused = error_result(poison)
+    # Postgres text cannot hold a NUL character: the batch's write-back fails.
+    body = json.loads(refused.data)
+    body["error"]["message"] = "bad \u0000 byte"
+    refused = InboxMessage(refused.subject, json.dumps(body).encode(), refused.headers)
+
+    outcomes = await apply(db_sessions, error_result(good), refused)
+
+    assert [o.applied for o in outcomes] == ["result_applied", "failed"]
+    for ref in (good, poison):
+        metrics = (await recognition_factory.job(ref.job_id))["metrics"] or {}
+        assert attempts.INBOX_BATCH_ATTEMPTS not in metrics
 
 
 async def test_a_job_whose_messages_keep_killing_the_worker_fails_and_its_batch_goes_on(
@@ -128,11 +171,11 @@ async def test_an_ack_and_its_result_in_batches_side_by_side_both_go_the_batch_w
     one_by_one = []
     real_batch, real_one_by_one = inbox._apply_batch, inbox._apply_one_by_one
 
-    async def paused_batch(sessions, parsed, now):
+    async def paused_batch(sessions, parsed, now, **kwargs):
         if not first_inside.is_set():
             first_inside.set()
             await release.wait()
-        return await real_batch(sessions, parsed, now)
+        return await real_batch(sessions, parsed, now, **kwargs)
 
     async def recorded_one_by_one(sessions, parsed, now, **kwargs):
         one_by_one.append(len(parsed))
