@@ -119,11 +119,21 @@ SELECT
     (SELECT count(*) FROM jobs) AS jobs
 """
 
+
+def _compact(statement: str) -> str:
+    """``statement`` without its indentation.
+
+    psycopg caches the parsing of a query's placeholders only for queries up to 4,096
+    characters; over that it parses the query again for every mail.
+    """
+    return "\n".join(line.strip() for line in statement.splitlines() if line.strip())
+
+
 # Two spellings of the dedupe so both can use the (message_id, content_sha256) index.
-STORE_MAIL_WITH_ID = _STORE_MAIL.format(
-    same_message_id="m.message_id = CAST(%(message_id)s AS text)"
+STORE_MAIL_WITH_ID = _compact(
+    _STORE_MAIL.format(same_message_id="m.message_id = CAST(%(message_id)s AS text)")
 )
-STORE_MAIL_WITHOUT_ID = _STORE_MAIL.format(same_message_id="m.message_id IS NULL")
+STORE_MAIL_WITHOUT_ID = _compact(_STORE_MAIL.format(same_message_id="m.message_id IS NULL"))
 
 
 @dataclass(frozen=True)
