@@ -5,15 +5,16 @@ from __future__ import annotations
 import asyncio
 
 import dramatiq
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from actors import queues
 from actors.notifications import notify_final_mails
 from actors.recognition import publish_recognition_requests
 from actors.resources import current
 from actors.retry_policy import RetryPolicy
-from mailroom.adapters.imap import ImapMailbox
 from mailroom.config_store import effective
-from mailroom.intake.poll import IntakeDeps
+from mailroom.intake.pending import mark_polls_queued
+from mailroom.intake.poll import IntakeDeps, find_mailbox
 from mailroom.intake.poll import poll_mailbox as poll
 from mailroom.settings import IntakeSettings
 
@@ -44,7 +45,7 @@ async def poll_mailbox(mailbox: str) -> None:
     deps = IntakeDeps(
         sessions=sessions,
         store=await resources.store(),
-        connect=ImapMailbox,
+        connect=await resources.imap_connections(),
         nudge=_nudge_publisher,
     )
     outcome = await poll(str(mailbox), settings=intake, deps=deps)
@@ -53,10 +54,23 @@ async def poll_mailbox(mailbox: str) -> None:
         # A mail with nothing to recognize is final at once: let its notification go out now
         # rather than at the next sweep.
         await asyncio.to_thread(notify_final_mails.send)
-    if outcome.more_waiting or (result is not None and result.ingested):
-        # Mail came in: look again at once — with IDLE on, the next poll
-        # waits for the next mail instead of the scheduler's next tick.
-        await asyncio.to_thread(poll_mailbox.send, mailbox)
+    watch = result is not None and result.ingested and find_mailbox(intake, mailbox).idle
+    if outcome.more_waiting or watch:
+        # More mail waits: the next batch goes to the back of the queue, after the other
+        # mailboxes' turns. Mail came in on a mailbox with IDLE: its next poll waits for the
+        # next mail instead of the scheduler's next tick. Without IDLE, the tick polls again.
+        await _send_polls(sessions, intake, [mailbox])
+
+
+async def _send_polls(
+    sessions: async_sessionmaker[AsyncSession], intake: IntakeSettings, names: list[str]
+) -> None:
+    """Send a poll to each of ``names`` that has none queued or running (``intake.pending``)."""
+    folders = {m.name: m.folder for m in intake.mailboxes if m.enabled and m.name in names}
+    marked = await mark_polls_queued(sessions, list(folders.items()), lost_after_s=intake.lease_s)
+    # In the order given (the configured one), so each pass serves the mailboxes alike.
+    due = [name for name in names if name in marked]
+    await asyncio.to_thread(lambda: [poll_mailbox.send(name) for name in due])
 
 
 # One attempt: the scheduler sends the next one within a poll interval.
@@ -65,4 +79,6 @@ async def poll_mailboxes() -> None:
     """Send ``poll_mailbox`` for each enabled mailbox (the environment's and the table's)."""
     intake = await _intake_settings()
     names = [mailbox.name for mailbox in intake.mailboxes if mailbox.enabled]
-    await asyncio.to_thread(lambda: [poll_mailbox.send(name) for name in names])
+    # A mailbox whose last poll is still queued or running gets none: a backlog on the intake
+    # queue then holds one poll per mailbox, not one per pass, and each gets its turn.
+    await _send_polls(await current().sessions(), intake, names)

@@ -21,6 +21,7 @@ from mailroom.adapters.channels import ChannelOutbound
 from mailroom.adapters.nats import NatsClient
 from mailroom.adapters.storage import ObjectStore, build_store
 from mailroom.db import create_engine, create_sessionmaker
+from mailroom.intake.connections import ConnectionPool
 from mailroom.settings import Settings
 from mailroom.stop_signals import handle_stop_signals
 
@@ -136,6 +137,17 @@ class Resources:
                 await asyncio.to_thread(closer)
 
         return await self._get("store", build, close)
+
+    async def imap_connections(self) -> ConnectionPool:
+        """Logged-in IMAP connections kept between polls, per account (intake/connections.py)."""
+
+        async def build() -> ConnectionPool:
+            return ConnectionPool()
+
+        async def close(pool: ConnectionPool) -> None:
+            await pool.aclose()
+
+        return await self._get("imap_connections", build, close)
 
     async def aclose(self) -> None:
         """Close every built client, newest first; one failure never skips the rest."""

@@ -107,6 +107,8 @@ class MailboxCursor(Base):
     #: Claims in a row that stood at this ``last_uid`` and never recorded an end (the worker died).
     attempt_uid: Mapped[int | None] = mapped_column(BigInteger)
     attempt_count: Mapped[int] = mapped_column(Integer, server_default="0")
+    #: When the scheduler's pass sent a poll that no claim has taken yet (one queued at a time).
+    poll_queued_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     created_at: Mapped[datetime] = _now()
     updated_at: Mapped[datetime] = _now()
 
@@ -240,6 +242,13 @@ class RecognitionJob(Base):
             "ix_recognition_job_outbox",
             "status",
             "published_at",
+            postgresql_where=text("status IN ('queued', 'published')"),
+        ),
+        # The same candidates in the order the publisher claims them (no sort per pass).
+        Index(
+            "ix_recognition_job_claim",
+            "requested_at",
+            "id",
             postgresql_where=text("status IN ('queued', 'published')"),
         ),
         # The watchdog's candidates.

@@ -101,6 +101,8 @@ async def claim_cursor(
             .with_for_update()
         )
         assert cursor is not None  # inserted above or already there
+        # This poll was the queued one (or came without a mark): the next pass may send again.
+        cursor.poll_queued_at = None
         if cursor.status == "blocked":
             return Skipped("blocked")
         if cursor.lease_id is not None and cursor.lease_until and cursor.lease_until > now:

@@ -1,0 +1,206 @@
+"""Logged-in IMAP connections kept between polls, one set per account.
+
+A login is the dearest step of a poll that finds a few mails: a TLS handshake and a
+password check on the server (pymap hashes for about 300 ms of CPU; over a WAN the
+round trips alone take as long), paid again by every mailbox at every pass. So a
+worker keeps the connections its polls end with, by account (host, port, security,
+CA, user and credentials), and the next poll of any folder of that account takes one,
+checks it with a NOOP and SELECTs its own folder. A connection goes back only when
+every call on it returned; one that failed, or whose call was cancelled, is closed.
+
+A connection is opened only when none of its account is kept, so a worker holds no
+more per account than its polls used at once (its threads), as it did before; at most
+``MAX_IDLE_PER_ACCOUNT`` wait, for at most ``KEEP_S`` (far under the 30 minutes RFC 3501
+lets a server keep an idle session). ``aclose`` logs them out when the worker stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from pydantic import SecretStr
+
+from mailroom.adapters.imap import FetchedMail, ImapMailbox, Mailbox, MailboxFactory
+from mailroom.errors import AppError
+from mailroom.settings import MailboxSettings
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: Connections kept per account when no poll uses them: a worker's threads (8 by default),
+#: so polls that end together and the next ones that start together need no new login.
+MAX_IDLE_PER_ACCOUNT = 8
+#: How long a kept connection may wait for its next poll, in seconds.
+KEEP_S = 300.0
+
+#: The settings that make two mailboxes one login.
+_ACCOUNT_FIELDS = {"host", "port", "security", "ca_file", "username", "password", "auth", "oauth"}
+
+
+def account_key(settings: MailboxSettings) -> str:
+    """A digest of what the login depends on (credentials included, never kept in clear)."""
+    fields = settings.model_dump(include=_ACCOUNT_FIELDS | {"timeout_s"})
+
+    def reveal(value: object) -> str:
+        return value.get_secret_value() if isinstance(value, SecretStr) else str(value)
+
+    text = json.dumps(fields, default=reveal, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass
+class _Kept:
+    mailbox: Mailbox
+    since: float
+
+
+class ConnectionPool:
+    """A ``MailboxFactory`` whose mailboxes log in once per account and are given back."""
+
+    def __init__(
+        self,
+        connect: MailboxFactory = ImapMailbox,
+        *,
+        keep_s: float = KEEP_S,
+        max_idle: int = MAX_IDLE_PER_ACCOUNT,
+    ) -> None:
+        self._connect = connect
+        self.keep_s = keep_s
+        self.max_idle = max_idle
+        self._kept: dict[str, list[_Kept]] = {}
+        self._stale: list[Mailbox] = []
+        self.closed = False
+
+    def __call__(self, settings: MailboxSettings) -> Mailbox:
+        return PooledMailbox(self, settings)
+
+    def open(self, settings: MailboxSettings) -> Mailbox:
+        return self._connect(settings)
+
+    def take(self, key: str) -> Mailbox | None:
+        """The connection of this account given back last, if one was kept long enough ago."""
+        kept = self._kept.get(key, [])
+        now = time.monotonic()
+        while kept:
+            entry = kept.pop()
+            if now - entry.since < self.keep_s:
+                return entry.mailbox
+            self._stale.append(entry.mailbox)
+        return None
+
+    async def give_back(self, key: str, mailbox: Mailbox) -> None:
+        """Keep ``mailbox`` for the next poll; log out those over the limits."""
+        if self.closed:
+            await mailbox.close()
+            return
+        now = time.monotonic()
+        self._kept.setdefault(key, []).append(_Kept(mailbox, now))
+        stale, self._stale = self._stale, []
+        for account, kept in list(self._kept.items()):
+            fresh = [k for k in kept if now - k.since < self.keep_s][-self.max_idle :]
+            stale += [k.mailbox for k in kept if k not in fresh]
+            if fresh:
+                self._kept[account] = fresh
+            else:
+                del self._kept[account]
+        await _close_all(stale)
+
+    async def aclose(self) -> None:
+        """Log every kept connection out; later give-backs close theirs."""
+        self.closed = True
+        kept = [k.mailbox for entries in self._kept.values() for k in entries]
+        stale, self._stale, self._kept = self._stale, [], {}
+        await _close_all(kept + stale)
+
+
+async def _close_all(mailboxes: list[Mailbox]) -> None:
+    # close() never raises (Mailbox protocol): a failed logout is logged by the adapter.
+    await asyncio.gather(*(mailbox.close() for mailbox in mailboxes))
+
+
+class PooledMailbox:
+    """A ``Mailbox`` on a kept connection of its account, or a new one; given back at close."""
+
+    def __init__(self, pool: ConnectionPool, settings: MailboxSettings) -> None:
+        self.settings = settings
+        self._pool = pool
+        self._key = account_key(settings)
+        self._inner: Mailbox | None = None
+        #: Every call on the connection returned: it may serve the next poll.
+        self._clean = False
+        self._checked = False
+
+    def _require(self) -> Mailbox:
+        if self._inner is None:
+            raise RuntimeError("PooledMailbox used before connect()")
+        return self._inner
+
+    async def _run(self, call: Awaitable[T]) -> T:
+        self._clean = False
+        result = await call
+        self._clean = True
+        return result
+
+    async def connect(self) -> None:
+        while (kept := self._pool.take(self._key)) is not None:
+            self._inner = kept  # from here close() ends it, should this poll be cancelled
+            try:
+                await self._run(kept.check_health())
+            except AppError as exc:  # the server ended it meanwhile: log in anew
+                logger.debug("Kept IMAP connection for %s is gone: %s", self.settings.name, exc)
+                self._inner = None
+                await kept.close()
+                continue
+            if isinstance(kept, ImapMailbox):
+                kept.settings = self.settings  # its log lines name the mailbox it now serves
+            self._checked = True
+            return
+        self._inner = self._pool.open(self.settings)
+        await self._run(self._inner.connect())
+
+    async def check_health(self) -> None:
+        if self._checked:  # connect() has just checked the kept connection
+            self._checked = False
+            return
+        await self._run(self._require().check_health())
+
+    async def select(self, folder: str) -> int:
+        return await self._run(self._require().select(folder))
+
+    async def uids_above(self, uid: int) -> list[int]:
+        return await self._run(self._require().uids_above(uid))
+
+    async def larger_than(self, uids: list[int], size: int) -> set[int]:
+        return await self._run(self._require().larger_than(uids, size))
+
+    async def fetch(self, uids: list[int]) -> list[FetchedMail]:
+        return await self._run(self._require().fetch(uids))
+
+    async def fetch_headers(self, uids: list[int]) -> list[FetchedMail]:
+        return await self._run(self._require().fetch_headers(uids))
+
+    async def idle(self, timeout_s: float) -> bool:
+        return await self._run(self._require().idle(timeout_s))
+
+    async def add_flags(self, uids: list[int], flag: str) -> None:
+        await self._run(self._require().add_flags(uids, flag))
+
+    async def move(self, uids: list[int], folder: str) -> None:
+        await self._run(self._require().move(uids, folder))
+
+    async def close(self) -> None:
+        inner, self._inner = self._inner, None
+        if inner is None:
+            return
+        if self._clean:
+            await self._pool.give_back(self._key, inner)
+        else:
+            await inner.close()

@@ -1,0 +1,73 @@
+"""The poll-queued mark: at most one queued poll per mailbox, and none a claim would skip.
+
+The scheduler's pass (``actors.intake.poll_mailboxes``) sends a poll only to the
+mailboxes ``mark_polls_queued`` marks; ``claim_cursor`` clears the mark. So
+however long the intake queue gets, it holds one poll of each mailbox, in the
+order they were sent, and each mailbox gets its turn (ARCHITECTURE.md, Intake).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+
+from sqlalchemy import ColumnElement, or_, select, tuple_, update
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.orm import InstrumentedAttribute
+
+from mailroom.clock import DbClock, db_now
+from mailroom.db import transaction
+from mailroom.models import MailboxCursor
+
+
+async def mark_polls_queued(
+    sessions: async_sessionmaker[AsyncSession],
+    mailboxes: Sequence[tuple[str, str]],
+    *,
+    lost_after_s: float,
+    clock: DbClock = db_now,
+) -> set[str]:
+    """Mark the (mailbox, folder) pairs a poll may be sent to now; the mailboxes marked.
+
+    A mailbox is left out while a poll of it is queued (marked, not yet claimed, for less
+    than ``lost_after_s``: an older mark is taken for a lost message), running (leased),
+    backing off or blocked: its poll would only wait in the queue or skip. The claim
+    clears the mark. Creates missing cursors, as the claim does.
+    """
+    if not mailboxes:
+        return set()
+    async with transaction(sessions) as session:
+        now = await clock(session)
+        await session.execute(
+            insert(MailboxCursor)
+            .values([{"mailbox": mailbox, "folder": folder} for mailbox, folder in mailboxes])
+            .on_conflict_do_nothing(index_elements=["mailbox", "folder"])
+        )
+        # Rows a claim (or another pass) has locked right now are left to it, not waited for.
+        due = (
+            select(MailboxCursor.id)
+            .where(
+                tuple_(MailboxCursor.mailbox, MailboxCursor.folder).in_(list(mailboxes)),
+                MailboxCursor.status != "blocked",
+                _not_after(MailboxCursor.poll_queued_at, now - timedelta(seconds=lost_after_s)),
+                _not_after(MailboxCursor.lease_until, now),
+                _not_after(MailboxCursor.next_retry_at, now),
+            )
+            .order_by(MailboxCursor.id)
+            .with_for_update(skip_locked=True)
+        )
+        marked = await session.scalars(
+            update(MailboxCursor)
+            .where(MailboxCursor.id.in_(due.scalar_subquery()))
+            .values(poll_queued_at=now)
+            .returning(MailboxCursor.mailbox)
+        )
+        return set(marked)
+
+
+def _not_after(
+    column: InstrumentedAttribute[datetime | None], moment: datetime
+) -> ColumnElement[bool]:
+    """``column`` is unset or at/before ``moment``."""
+    return or_(column.is_(None), column <= moment)

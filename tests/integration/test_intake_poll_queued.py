@@ -1,0 +1,127 @@
+"""One queued poll per mailbox: the scheduler's pass skips a mailbox whose poll is queued or running.
+
+On real Postgres and pymap: the mark (``mailroom.intake.pending``) against the claim that
+clears it, and the actors on the StubBroker, where passes that pile up in the intake
+queue send each mailbox one poll, not one per pass.
+"""
+
+from __future__ import annotations
+
+import pytest
+from dramatiq import Worker
+from sqlalchemy import update
+
+import actors.intake
+import actors.resources
+from actors.intake import poll_mailboxes
+from mailroom.intake import cursor as cursors
+from mailroom.intake.pending import mark_polls_queued
+from mailroom.models import MailboxCursor
+from mailroom.settings import DatabaseSettings, IntakeSettings, Settings, StorageSettings
+from tests.fixtures.imap import csv_mail
+
+pytestmark = pytest.mark.integration
+
+LOST_AFTER_S = 30.0
+
+
+async def test_a_mailbox_is_marked_once_until_a_claim_takes_its_poll(intake_env):
+    box, other = ("box", intake_env.folder), ("other", intake_env.folder)
+
+    async def mark() -> set[str]:
+        return await mark_polls_queued(
+            intake_env.sessions, [box, other], lost_after_s=LOST_AFTER_S, clock=intake_env.clock
+        )
+
+    assert await mark() == {"box", "other"}, "new mailboxes: cursors created and marked"
+    assert await mark() == set(), "both polls still queued"
+
+    (uid,) = intake_env.append(csv_mail(1))
+    outcome = await intake_env.poll("box")
+    assert outcome.status == "done" and [m.uid for m in await intake_env.mails()] == [uid]
+    assert await mark() == {"box"}, "box's poll was claimed; other's is still queued"
+
+    intake_env.clock.advance(LOST_AFTER_S + 1)
+    assert await mark() == {"box", "other"}, "a mark older than lost_after_s is a lost message"
+
+    # A running poll (leased) gets no second one; nor does a cursor backing off or blocked.
+    claim = await cursors.claim_cursor(
+        intake_env.sessions,
+        mailbox="box",
+        folder=intake_env.folder,
+        lease_s=30.0,
+        clock=intake_env.clock,
+    )
+    assert isinstance(claim, cursors.Claim)
+    assert "box" not in await mark(), "leased: its poll is running"
+    failure = await cursors.record_batch_failure(
+        intake_env.sessions,
+        claim,
+        error=OSError("imap down"),
+        max_backoff_s=60,
+        clock=intake_env.clock,
+    )
+    assert failure.next_retry_at is not None
+    assert "box" not in await mark(), "backing off: the claim would skip it"
+    intake_env.clock.advance(61)
+    assert "box" in await mark(), "the backoff ran out"
+
+    async with intake_env.sessions() as session, session.begin():
+        await session.execute(
+            update(MailboxCursor)
+            .where(MailboxCursor.mailbox == "box")
+            .values(status="blocked", poll_queued_at=None)
+        )
+    assert "box" not in await mark(), "blocked: only an operator's unblock polls it again"
+
+
+@pytest.fixture
+def settings(database_url, tmp_path, imap_server, imap_folder):
+    mailboxes = [
+        imap_server.mailbox_settings(name, imap_folder, idle=False) for name in ("a", "b", "c")
+    ]
+    settings = Settings(
+        state_dir=tmp_path,
+        database=DatabaseSettings(url=database_url, pool_size=2),
+        storage=StorageSettings(kind="filesystem"),
+        intake=IntakeSettings(mailboxes=mailboxes),
+    )
+    actors.resources.configure(settings)
+    return settings
+
+
+def test_passes_piled_up_in_the_queue_send_each_mailbox_one_poll(
+    settings, stub_broker, imap_server, imap_folder, monkeypatch
+):
+    polled: list[str] = []
+    real_poll = actors.intake.poll
+
+    async def counting_poll(name, **kwargs):
+        polled.append(name)
+        return await real_poll(name, **kwargs)
+
+    monkeypatch.setattr(actors.intake, "poll", counting_poll)
+    imap_server.append(imap_folder, csv_mail(1), csv_mail(2))
+
+    def run_intake_queue() -> None:
+        # One thread: the queue is served in order, as a backlog is.
+        worker = Worker(stub_broker, worker_timeout=100, worker_threads=1, queues={"intake"})
+        worker.start()
+        try:
+            stub_broker.join("intake", fail_fast=True)
+            worker.join()
+        finally:
+            worker.stop()
+
+    # Two passes queued before any poll runs (a backlog): the second finds every poll queued.
+    poll_mailboxes.send()
+    poll_mailboxes.send()
+    run_intake_queue()
+    # Without IDLE, a poll that stored mail does not poll again at once: the next pass does.
+    assert sorted(polled) == ["a", "b", "c"]
+
+    polled.clear()
+    poll_mailboxes.send()
+    run_intake_queue()
+    assert sorted(polled) == ["a", "b", "c"], "the polls were claimed: the next pass sends again"
+    assert stub_broker.dead_letters == []
