@@ -40,6 +40,8 @@ logger = logging.getLogger(__name__)
 WORKER_POLL_MS = BrokerSettings().worker_poll_ms
 #: Worker processes of ``mailroom dev`` (and of the e2e harness and benchmarks).
 WORKER_PROCESSES = "2"
+#: The queues of that worker: every queue but intake, which ``worker-intake`` runs.
+WORKER_QUEUES = ("outbox", "inbox", "mapping", "delivery", "maintenance", "system")
 
 
 def dev_mailboxes(configured: str | None, *, imap_port: int = DEV_IMAP_PORT) -> str:
@@ -90,7 +92,14 @@ def process_specs() -> list[tuple[str, list[str]]]:
         # two use both cores of a small machine.
         (
             "worker",
-            [python, "-m", "mailroom", "worker", "--processes", WORKER_PROCESSES, "--threads", "8"],
+            [python, "-m", "mailroom", "worker", "--processes", WORKER_PROCESSES, "--threads", "8"]
+            + [arg for queue in WORKER_QUEUES for arg in ("-Q", queue)],
+        ),
+        # Intake has a process of its own, as in the compose stack: polls then wait neither
+        # for the worker's threads nor for its event loop while downstream work is queued.
+        (
+            "worker-intake",
+            [python, "-m", "mailroom", "worker", "-Q", "intake", "--processes", "1", "-t", "8"],
         ),
         ("bridge-nats", [python, "-m", "mailroom", "bridge", "nats"]),
         ("bridge-stream", [python, "-m", "mailroom", "bridge", "stream"]),

@@ -1,4 +1,4 @@
-"""kill -9 of the worker in the middle of an intake batch, then a new worker: each mail once.
+"""kill -9 of the intake worker in the middle of a batch, then a new one: each mail once.
 
 Postgres is slowed to 0.1 s per stored mail so the batch is surely mid-way when
 the worker dies. Its lease then runs out (6 s here) and the scheduler's next
@@ -30,7 +30,7 @@ def test_a_worker_killed_mid_batch_and_replaced_stores_each_mail_once(make_syste
             "CREATE TRIGGER slow BEFORE INSERT ON inbound_mail "
             "FOR EACH ROW EXECUTE FUNCTION slow_mail()"
         )
-    system.start("worker")
+    system.start("worker-intake")
     system.start("scheduler")
     uids = system.append(*invoice_mails(1, MAILS))
 
@@ -38,10 +38,10 @@ def test_a_worker_killed_mid_batch_and_replaced_stores_each_mail_once(make_syste
         return system.scalar("SELECT count(*) FROM inbound_mail")
 
     system.wait_for("the batch under way", lambda: stored() >= 3, timeout_s=60)
-    system.kill("worker")
+    system.kill("worker-intake")
     at_kill = stored()
     assert at_kill < MAILS, "the batch was still running"
-    system.start("worker", label="worker-2")
+    system.start("worker-intake", label="worker-intake-2")
 
     system.wait_for("every mail stored", lambda: stored() >= MAILS, timeout_s=90)
     system.wait_for(

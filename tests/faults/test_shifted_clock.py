@@ -43,9 +43,9 @@ def test_a_worker_two_minutes_ahead_steals_no_lease_and_times_out_no_job(make_sy
     started = time.time()
     # The sweeps (the watchdog among them) and polls; only the right clock publishes jobs.
     ahead = system.start(
-        "worker",
+        "worker-intake",
         label="worker-ahead",
-        extra_args=["--queues", "maintenance", "intake"],
+        extra_args=["--queues", "maintenance"],
         env={
             "PYTHONPATH": os.pathsep.join([str(SHIFTED_CLOCK), system.env["PYTHONPATH"]]),
             "SHIFTED_CLOCK_S": str(SHIFT_S),

@@ -62,7 +62,7 @@ def test_a_worker_killed_midway_and_restarted_loses_nothing(make_system):
 def test_the_standby_scheduler_takes_over_when_the_leader_is_killed(make_system):
     # Without IDLE, new mail is only read when the scheduler sends a poll.
     system = make_system(idle=False)
-    for name in ("worker", "bridge-nats", "bridge-stream", "recognizer"):
+    for name in ("worker", "worker-intake", "bridge-nats", "bridge-stream", "recognizer"):
         system.start(name)
     first, second = system.start("scheduler"), system.start("scheduler", label="scheduler-2")
     key = int(system.env["MAILROOM_SCHEDULER__LEADER_LOCK_KEY"])
