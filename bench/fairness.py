@@ -3,8 +3,10 @@
 200 mailboxes (one folder each on one pymap server) hold 10 mails each before the
 system starts; the whole system runs as ``mailroom dev`` runs it (``bench/e2e.py``'s
 harness and defaults, IDLE off so each mailbox is polled by the scheduler). For each
-mailbox, the time from start until its last mail is stored; the longest is the result.
-Durable by default (``--fast`` turns it off).
+mailbox, the time from start until its last mail is stored; the longest, counted from the
+first mailbox done (process start-up left out), is the result. Every 10 s a line gives the
+mailboxes done and each Dramatiq queue's depth (waiting, and taken by a worker but not yet
+acked), so a backlog shows where it waits. Durable by default (``--fast`` turns it off).
 
 Usage: ``uv run python bench/fairness.py [--quick] [--mailboxes N] [--mails N]``. The last
 line is ``RESULT intake_fairness_max_wait_s value=… target=10``.
@@ -36,6 +38,28 @@ STORED_SQL = """
 SELECT c.mailbox, count(m.id) FROM mailbox_cursor c JOIN inbound_mail m ON m.cursor_id = c.id
  GROUP BY c.mailbox
 """
+
+
+class QueueDepths:
+    """Messages waiting (and taken but not yet acked) on each Dramatiq queue, from Redis."""
+
+    def __init__(self, url: str, namespace: str) -> None:
+        import redis
+
+        self.client = redis.Redis.from_url(url)
+        self.namespace = namespace
+
+    def describe(self) -> str:
+        parts = []
+        for queue in ("intake", "outbox", "inbox", "mapping", "delivery", "maintenance"):
+            key = f"{self.namespace}:{queue}"
+            waiting, total = self.client.llen(key), self.client.hlen(f"{key}.msgs")
+            if total:
+                parts.append(f"{queue} {waiting} waiting + {total - waiting} taken")
+        return ", ".join(parts) or "queues empty"
+
+    def close(self) -> None:
+        self.client.close()
 
 
 def fill(imap: ImapServer, folders: list[str], per_folder: int) -> None:
@@ -91,11 +115,21 @@ def main() -> None:
             system.start_all()
             done_at: dict[str, float] = {}
             deadline = started + 300
+            queues = QueueDepths(redis_server.url, env["MAILROOM_BROKER__NAMESPACE"])
+            next_trace = started
             while len(done_at) < len(folders) and time.monotonic() < deadline:
                 for mailbox, stored in system.query(STORED_SQL):
                     if stored >= args.mails and mailbox not in done_at:
                         done_at[mailbox] = time.monotonic() - started
+                if time.monotonic() >= next_trace:
+                    next_trace += 10
+                    print(
+                        f"{time.monotonic() - started:5.1f}s: {len(done_at)} mailboxes done; "
+                        f"{queues.describe()}",
+                        flush=True,
+                    )
                 time.sleep(0.5)
+            queues.close()
         finally:
             if system is not None:
                 system.stop()
