@@ -6,19 +6,22 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+from psycopg.pq import TransactionStatus
+from sqlalchemy import event
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
     AsyncSession,
     async_sessionmaker,
     create_async_engine,
 )
+from sqlalchemy.pool import PoolResetState
 
 from mailroom.settings import DatabaseSettings
 
 
 def create_engine(settings: DatabaseSettings) -> AsyncEngine:
     """An async engine whose connections carry the statement timeout and UTC."""
-    return create_async_engine(
+    engine = create_async_engine(
         database_url(settings),
         pool_size=settings.pool_size,
         max_overflow=settings.pool_size,
@@ -26,6 +29,11 @@ def create_engine(settings: DatabaseSettings) -> AsyncEngine:
         # its server fails the statement, SQLAlchemy drops the pool, and the actor retries.
         pool_pre_ping=False,
         pool_recycle=1800,
+        # Sessions end their transactions (commit, or rollback on close), so a connection
+        # comes back idle and SQLAlchemy's ROLLBACK on return is a no-op that still costs a
+        # trip through the async adapter on every checkin: _rollback_unless_idle does it
+        # only for a connection that really comes back inside a transaction.
+        pool_reset_on_return=None,
         # Statement parameters carry mail data and document fields: errors and logs
         # (and so Sentry) show the SQL only.
         hide_parameters=True,
@@ -37,6 +45,17 @@ def create_engine(settings: DatabaseSettings) -> AsyncEngine:
             **keepalive_args(settings),
         },
     )
+    event.listen(engine.sync_engine.pool, "reset", _rollback_unless_idle)
+    return engine
+
+
+def _rollback_unless_idle(dbapi_connection: Any, record: Any, state: PoolResetState) -> None:
+    """The pool's reset on return, skipped for a connection outside any transaction."""
+    if not state.asyncio_safe or state.terminate_only:
+        return  # SQLAlchemy terminates this connection instead of reusing it
+    if dbapi_connection.driver_connection.pgconn.transaction_status != TransactionStatus.IDLE:
+        # An error here makes the pool discard the connection, as its own reset would.
+        dbapi_connection.rollback()
 
 
 def keepalive_args(settings: DatabaseSettings) -> dict[str, Any]:
