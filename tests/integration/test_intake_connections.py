@@ -54,6 +54,11 @@ async def test_polls_of_one_account_log_in_once_and_read_each_folder_in_order(
         by_cursor.setdefault(mail.cursor_id, []).append(mail.uid)
     assert sorted(by_cursor.values()) == sorted([box_uids, other_uids])
 
+    await pool.aclose()  # the worker stops: kept connections log out, a late give-back too
+    assert [m._client for m in pool.opened] == [None]
+    assert (await intake_env.poll("box", connect=pool)).status == "done"
+    assert [m._client for m in pool.opened] == [None, None]
+
 
 async def test_a_kept_connection_the_server_dropped_is_replaced_without_a_failed_poll(
     intake_env, pool
