@@ -92,6 +92,9 @@ async def prepare_group(
                 parsed.append((mail, parse_oversize(mail.raw, mail.size, limits)))
             elif len(mail.raw) <= INLINE_PARSE_BYTES:
                 parsed.append((mail, parse_mail(mail.raw, limits)))
+                # Let the commit of an earlier group go on between mails: parsing a whole
+                # group in one go held its results back and left Postgres idle meanwhile.
+                await asyncio.sleep(0)
             else:
                 parsed.append((mail, await asyncio.to_thread(parse_mail, mail.raw, limits)))
         except Exception as exc:
