@@ -43,6 +43,7 @@ from mailroom.recognition.inbox_messages import (
     parse_message,
 )
 from mailroom.recognition.revive import reopen_mails, revivable, revive
+from mailroom.recognition.sql_params import uuid_array
 from mailroom.recognition.violations import fail_for_violation
 from mailroom.settings import RecognitionSettings
 
@@ -239,7 +240,7 @@ async def _apply_in_one_transaction(
 ) -> _Batch:
     """Lock, apply, write back; ``uncount``: jobs whose batch attempt comes back with the commit."""
     batch = _Batch()
-    ids = inbox_sql.uuid_array({p.response.job_id for p in parsed})
+    ids = uuid_array({p.response.job_id for p in parsed})
     async with sessions() as session, session.begin():
         locked = await session.execute(inbox_sql.LOCK_JOBS, {"ids": ids})
         jobs = {row.id: _Job(dict(row._mapping)) for row in locked}

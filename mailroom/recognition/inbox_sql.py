@@ -6,8 +6,6 @@ lock and the write-back (ARCHITECTURE.md, Recognition, Inbox).
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterable
 from typing import Any
 
 import pydantic_core
@@ -118,14 +116,6 @@ def to_json(value: Any) -> str:
     hook on a batch's rows (datetimes, uuids), with the same output for Postgres.
     """
     return pydantic_core.to_json(value).decode()
-
-
-def uuid_array(ids: Iterable[uuid.UUID]) -> str:
-    """A ``uuid[]`` literal for ``CAST(:ids AS uuid[])``: one text parameter, not a list.
-
-    psycopg dumps a list element by element; a batch's ids as one string cost far less.
-    """
-    return "{" + ",".join(str(job_id) for job_id in ids) + "}"
 
 
 async def register_objects(

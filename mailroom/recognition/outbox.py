@@ -28,7 +28,6 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from mailroom.adapters.nats import OutgoingMessage, PublishAck, RequestPublisher
-from mailroom.clock import db_now
 from mailroom.recognition.contracts import RecognitionRequest, dump, request_msg_id
 from mailroom.recognition.finality import (
     MAX_REASON_CHARS,
@@ -38,33 +37,45 @@ from mailroom.recognition.finality import (
     republish_count_sql,
 )
 from mailroom.recognition.revive import DLQ_STATUS, NO_ACK
+from mailroom.recognition.sql_params import text_array, uuid_array
 from mailroom.settings import NatsSettings, RecognitionSettings
 
 logger = logging.getLogger(__name__)
 
 _COUNT = republish_count_sql("j.metrics")
+# The caller's time (tests move it), else the database's: no round trip for it.
+_NOW = "COALESCE(CAST(:now AS timestamptz), now())"
 
 # Candidates: queued, or published with no ack for ack_timeout times (republishes + 1), while
 # the reply deadline has not passed (the watchdog owns those) and the health gate of the
 # pipeline is open (gate.py). The no-ack window runs from ``republish_from`` once a reopened
-# gate refreshed the job, else from the first publish.
+# gate refreshed the job, else from the first publish. The jobs are claimed first, oldest
+# first along ix_recognition_job_claim, and joined to their files after: sorting the join of
+# every candidate (locking carries whole rows) cost a pass more than the rest of it. ``now``
+# is the caller's time or the transaction's, which every row brings back (``db_now``).
 _CLAIM = text(
     f"""
-    SELECT j.id, j.file_id, j.pipeline, j.status, j.attempt, j.reply_deadline,
-           j.request_subject, {_COUNT} AS republish_count,
+    WITH claimed AS (
+        SELECT j.id, j.file_id, j.pipeline, j.status, j.attempt, j.reply_deadline,
+               j.request_subject, j.requested_at, {_COUNT} AS republish_count
+          FROM recognition_job AS j
+         WHERE j.status = 'queued'
+            OR (j.status = 'published'
+                AND j.reply_deadline > {_NOW}
+                AND j.pipeline <> ALL(CAST(:held AS text[]))
+                AND COALESCE(CAST(j.metrics ->> 'republish_from' AS timestamptz), j.published_at)
+                    <= {_NOW} - make_interval(secs => :ack_timeout_s * ({_COUNT} + 1)))
+         ORDER BY j.requested_at, j.id
+         LIMIT :limit
+           FOR UPDATE OF j SKIP LOCKED
+    )
+    SELECT c.id, c.file_id, c.pipeline, c.status, c.attempt, c.reply_deadline,
+           c.request_subject, c.republish_count, now() AS db_now,
            f.original_name, f.file_type, o.bucket, o.key
-      FROM recognition_job AS j
-      JOIN stored_file AS f ON f.id = j.file_id
+      FROM claimed AS c
+      JOIN stored_file AS f ON f.id = c.file_id
       LEFT JOIN stored_object AS o ON o.id = f.object_id
-     WHERE j.status = 'queued'
-        OR (j.status = 'published'
-            AND j.reply_deadline > :now
-            AND j.pipeline <> ALL(CAST(:held AS text[]))
-            AND COALESCE(CAST(j.metrics ->> 'republish_from' AS timestamptz), j.published_at)
-                <= :now - make_interval(secs => :ack_timeout_s * ({_COUNT} + 1)))
-     ORDER BY j.requested_at, j.id
-     LIMIT :limit
-       FOR UPDATE OF j SKIP LOCKED
+     ORDER BY c.requested_at, c.id
     """
 )
 
@@ -73,7 +84,7 @@ _CLAIM = text(
 _PROBE = text(
     """
     SELECT j.id, j.file_id, j.pipeline, j.status, j.attempt, j.reply_deadline,
-           j.request_subject, 0 AS republish_count,
+           j.request_subject, 0 AS republish_count, now() AS db_now,
            f.original_name, f.file_type, o.bucket, o.key
       FROM recognition_job AS j
       JOIN stored_file AS f ON f.id = j.file_id
@@ -101,7 +112,7 @@ _MARK_REPUBLISHED = text(
     UPDATE recognition_job AS j
        SET metrics = {object_metrics_sql("j.metrics")}
                      || jsonb_build_object('republish_count', {_COUNT} + 1)
-     WHERE j.id = ANY(:ids)
+     WHERE j.id = ANY(CAST(:ids AS uuid[]))
     """
 )
 
@@ -186,102 +197,123 @@ async def publish_recognition_requests(
         outcome.skipped = True
         return outcome
     async with sessions() as session, session.begin():
-        now = now or await db_now(session)
-        first_deadline = now + timedelta(seconds=recognition.reply_deadline_s)
-        rows = list(
-            (
-                await session.execute(
-                    _CLAIM,
-                    {
-                        "now": now,
-                        "ack_timeout_s": recognition.ack_timeout_s,
-                        "limit": limit,
-                        "held": sorted(held),
-                    },
-                )
-            ).all()
-        )
+        rows = await _claim(session, recognition, now=now, limit=limit, held=held)
         outcome.claimed = len(rows)
         probes: set[uuid.UUID] = set()
         for pipeline in sorted(held):
             for row in (await session.execute(_PROBE, {"pipeline": pipeline})).all():
                 rows.append(row)
                 probes.add(row.id)
-        messages: list[OutgoingMessage] = []
-        sending: list[tuple[Any, bool, str]] = []  # (row, is_republish, subject)
-        invalid_messages: list[str] = []
-        for row in rows:
-            republish = row.status == "published"
-            # NOTE: a probe is never dead-lettered (the gate holds it until a service answers)
-            # and promises the deadline that the reopening gate gives every held job.
-            probe = row.id in probes
-            if republish and not probe and row.republish_count >= recognition.max_republish:
-                outcome.dead_lettered.append(row.id)
-                continue
-            deadline = row.reply_deadline if republish and not probe else first_deadline
-            subject = (republish and row.request_subject) or request_subject(nats, row.pipeline)
-            try:
-                request = build_request(row, deadline)
-            except ValidationError as exc:
-                outcome.invalid.append(row.id)
-                invalid_messages.append(_describe(exc))
-                continue
-            msg_id = request_msg_id(row.id, row.attempt)
-            messages.append(OutgoingMessage(subject=subject, data=dump(request), msg_id=msg_id))
-            sending.append((row, republish, subject))
-
-        results = await publisher.publish_batch(messages) if messages else []
-
-        first: list[tuple[uuid.UUID, str, str]] = []
-        for (row, republish, subject), message, result in zip(
-            sending, messages, results, strict=True
-        ):
-            if not isinstance(result, PublishAck):
-                # NOTE: this job is left as it was; the pass ends after this batch.
-                outcome.failed.append(row.id)
-                outcome.error = outcome.error or f"{type(result).__name__}: {result}"
-                continue
-            outcome.duplicates += result.duplicate
-            if row.id in probes:
-                outcome.probed.append(row.id)
-            elif republish:
-                outcome.republished.append(row.id)
-            else:
-                outcome.published.append(row.id)
-                first.append((row.id, message.msg_id, subject))
-
-        if first:
-            await session.execute(
-                _MARK_PUBLISHED,
-                {
-                    "now": now,
-                    "deadline": first_deadline,
-                    "ids": [job_id for job_id, _, _ in first],
-                    "msg_ids": [msg_id for _, msg_id, _ in first],
-                    "subjects": [subject for _, _, subject in first],
-                },
-            )
-        if outcome.republished:
-            await session.execute(_MARK_REPUBLISHED, {"ids": outcome.republished})
-        mail_ids: set[int] = set()
-        if outcome.dead_lettered:
-            reason = f"no ack after {recognition.max_republish} republishes"
-            # A guess, not an answer: an ack or result that arrives later revives the job.
-            await _mark_failed(session, outcome.dead_lettered, DLQ_STATUS, NO_ACK, reason, now)
-            mail_ids |= await fail_current_files(
-                session, outcome.dead_lettered, reason=f"{NO_ACK}: {reason}", now=now
-            )
-        if outcome.invalid:
-            await _mark_failed(
-                session, outcome.invalid, "error", "INVALID_REQUEST", invalid_messages, now
-            )
-            mail_ids |= await fail_current_files(
-                session, outcome.invalid, reason="INVALID_REQUEST", now=now
-            )
-        outcome.finalized_mail_ids = await finalize_mails(session, mail_ids, now=now)
+        if rows:
+            now = now or rows[0].db_now
+            await _publish(session, publisher, rows, probes, outcome, nats, recognition, now)
 
     _log(outcome)
     return outcome
+
+
+async def _claim(
+    session: AsyncSession,
+    recognition: RecognitionSettings,
+    *,
+    now: datetime | None,
+    limit: int,
+    held: Collection[str],
+) -> list[Any]:
+    params = {
+        "now": now,
+        "ack_timeout_s": recognition.ack_timeout_s,
+        "limit": limit,
+        "held": sorted(held),
+    }
+    return list((await session.execute(_CLAIM, params)).all())
+
+
+async def _publish(
+    session: AsyncSession,
+    publisher: RequestPublisher,
+    rows: list[Any],
+    probes: set[uuid.UUID],
+    outcome: OutboxPass,
+    nats: NatsSettings,
+    recognition: RecognitionSettings,
+    now: datetime,
+) -> None:
+    """Build, publish and record the claimed rows, in the pass's transaction."""
+    first_deadline = now + timedelta(seconds=recognition.reply_deadline_s)
+    subjects: dict[str, str] = {}
+    messages: list[OutgoingMessage] = []
+    sending: list[tuple[Any, bool, str]] = []  # (row, is_republish, subject)
+    invalid_messages: list[str] = []
+    for row in rows:
+        republish = row.status == "published"
+        # NOTE: a probe is never dead-lettered (the gate holds it until a service answers)
+        # and promises the deadline that the reopening gate gives every held job.
+        probe = row.id in probes
+        if republish and not probe and row.republish_count >= recognition.max_republish:
+            outcome.dead_lettered.append(row.id)
+            continue
+        deadline = row.reply_deadline if republish and not probe else first_deadline
+        subject = (republish and row.request_subject) or subjects.get(row.pipeline)
+        if not subject:
+            subject = subjects[row.pipeline] = request_subject(nats, row.pipeline)
+        try:
+            request = build_request(row, deadline)
+        except ValidationError as exc:
+            outcome.invalid.append(row.id)
+            invalid_messages.append(_describe(exc))
+            continue
+        msg_id = request_msg_id(row.id, row.attempt)
+        messages.append(OutgoingMessage(subject=subject, data=dump(request), msg_id=msg_id))
+        sending.append((row, republish, subject))
+
+    results = await publisher.publish_batch(messages) if messages else []
+
+    first: list[tuple[uuid.UUID, str, str]] = []
+    for (row, republish, subject), message, result in zip(sending, messages, results, strict=True):
+        if not isinstance(result, PublishAck):
+            # NOTE: this job is left as it was; the pass ends after this batch.
+            outcome.failed.append(row.id)
+            outcome.error = outcome.error or f"{type(result).__name__}: {result}"
+            continue
+        outcome.duplicates += result.duplicate
+        if row.id in probes:
+            outcome.probed.append(row.id)
+        elif republish:
+            outcome.republished.append(row.id)
+        else:
+            outcome.published.append(row.id)
+            first.append((row.id, message.msg_id, subject))
+
+    if first:
+        await session.execute(
+            _MARK_PUBLISHED,
+            {
+                "now": now,
+                "deadline": first_deadline,
+                "ids": uuid_array(job_id for job_id, _, _ in first),
+                "msg_ids": text_array(msg_id for _, msg_id, _ in first),
+                "subjects": text_array(subject for _, _, subject in first),
+            },
+        )
+    if outcome.republished:
+        await session.execute(_MARK_REPUBLISHED, {"ids": uuid_array(outcome.republished)})
+    mail_ids: set[int] = set()
+    if outcome.dead_lettered:
+        reason = f"no ack after {recognition.max_republish} republishes"
+        # A guess, not an answer: an ack or result that arrives later revives the job.
+        await _mark_failed(session, outcome.dead_lettered, DLQ_STATUS, NO_ACK, reason, now)
+        mail_ids |= await fail_current_files(
+            session, outcome.dead_lettered, reason=f"{NO_ACK}: {reason}", now=now
+        )
+    if outcome.invalid:
+        await _mark_failed(
+            session, outcome.invalid, "error", "INVALID_REQUEST", invalid_messages, now
+        )
+        mail_ids |= await fail_current_files(
+            session, outcome.invalid, reason="INVALID_REQUEST", now=now
+        )
+    outcome.finalized_mail_ids = await finalize_mails(session, mail_ids, now=now)
 
 
 async def _mark_failed(

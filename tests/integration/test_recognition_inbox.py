@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import uuid
 from datetime import timedelta
 
@@ -487,3 +488,32 @@ async def test_batch_raises_when_no_message_can_be_applied(published, postgres_s
             )
     finally:
         await engine.dispose()
+
+
+async def test_batch_statements_do_not_grow_with_its_messages_and_the_time_is_the_databases(
+    db_sessions, recognition_factory
+):
+    """No statement per message and no separate ``SELECT now()``: the lock brings the time."""
+    from sqlalchemy import event
+
+    refs = [await recognition_factory.create_job(status="published") for _ in range(6)]
+    statements: list[str] = []
+
+    def record(conn, cursor, statement, parameters, context, executemany):
+        statements.append(" ".join(statement.split()))
+
+    event.listen(db_sessions.kw["bind"].sync_engine, "before_cursor_execute", record)
+    results = [(body(r, "done"), msg_id(r, "result")) for r in refs]
+
+    await apply_batch(db_sessions, results[:1], now=None)
+    for_one = len(statements)
+    await apply_batch(db_sessions, results[1:], now=None)
+
+    assert len(statements) - for_one == for_one
+    assert not [s for s in statements if re.fullmatch(r"SELECT now\(\)( AS \w+)?", s)]
+    async with db_sessions() as session:
+        db_time = await session.scalar(text("SELECT now()"))
+    for ref in refs:
+        job = await recognition_factory.job(ref.job_id)
+        assert job["status"] == "done" and job["finished_at"] <= db_time
+        assert (await recognition_factory.file(ref.file_id))["updated_at"] <= db_time

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from datetime import timedelta
 
 import pytest
+from sqlalchemy import text
 
 from mailroom.adapters.nats import InMemoryPublisher, NatsClient
 from mailroom.recognition.contracts import MSG_ID_HEADER, RecognitionRequest
@@ -314,3 +316,59 @@ async def test_parallel_publishers_never_publish_the_same_row(
     assert sum(len(o.published) for o in outcomes) == len(refs)
     statuses = {(await recognition_factory.job(r.job_id))["status"] for r in refs}
     assert statuses == {"published"}
+
+
+def _count_statements(sessions) -> list[str]:
+    """Every statement the sessions' engine sends from now on (its first line)."""
+    from sqlalchemy import event
+
+    statements: list[str] = []
+    engine = sessions.kw["bind"].sync_engine
+
+    def record(conn, cursor, statement, parameters, context, executemany):
+        statements.append(" ".join(statement.split()))
+
+    event.listen(engine, "before_cursor_execute", record)
+    return statements
+
+
+async def test_pass_claims_the_oldest_first_in_statements_that_do_not_grow_with_its_jobs(
+    db_sessions, recognition_factory, recognition_settings
+):
+    """No statement per job and no separate ``SELECT now()``: the claim brings the time."""
+    times = [T0 + timedelta(minutes=m) for m in (3, 0, 2, 1, 4, 5)]
+    refs = [await recognition_factory.create_job(requested_at=t) for t in times]
+    publisher = InMemoryPublisher()
+    statements = _count_statements(db_sessions)
+
+    one = await _pass(db_sessions, publisher, recognition_settings, now=None, limit=1)
+    for_one = len(statements)
+    four = await _pass(db_sessions, publisher, recognition_settings, now=None, limit=4)
+
+    oldest_first = [r.job_id for _, r in sorted(zip(times, refs, strict=True))]
+    assert one.published + four.published == oldest_first[:5]
+    assert len(statements) - for_one == for_one
+    assert not [s for s in statements if re.fullmatch(r"SELECT now\(\)( AS \w+)?", s)]
+    async with db_sessions() as session:
+        db_time = await session.scalar(text("SELECT now()"))
+    job = await recognition_factory.job(oldest_first[0])
+    assert job["published_at"] <= db_time
+    assert job["reply_deadline"] == job["published_at"] + timedelta(
+        seconds=recognition_settings.recognition.reply_deadline_s
+    )
+
+
+async def test_array_parameters_keep_any_text_and_every_uuid(db_sessions):
+    import uuid
+
+    from mailroom.recognition.sql_params import text_array, uuid_array
+
+    texts = ["plain", 'a "quoted", {braced} value', "back\\slash", "", "NULL", " spaced "]
+    ids = [uuid.uuid4() for _ in range(3)]
+    async with db_sessions() as session:
+        got_texts = await session.scalar(
+            text("SELECT CAST(:v AS text[])"), {"v": text_array(texts)}
+        )
+        got_ids = await session.scalar(text("SELECT CAST(:v AS uuid[])"), {"v": uuid_array(ids)})
+        empty = await session.scalar(text("SELECT CAST(:v AS uuid[])"), {"v": uuid_array([])})
+    assert (got_texts, got_ids, empty) == (texts, ids, [])
