@@ -190,7 +190,9 @@ def main() -> int:
         raw_rates = [_raw_round(port, "raw imapclient fetch")]
         ratios = []
         for n in range(args.rounds):
+            others = _OtherCpu(postgres.pgdata / "postmaster.pid", pymap.pid)
             intake_rate = _intake_round(postgres.url(), port, workdir / f"round-{n}", n, count)
+            print(others.per_mail(count))
             raw_rates.append(_raw_round(port, "raw imapclient fetch"))
             ratios.append(intake_rate / statistics.fmean(raw_rates[-2:]))
         print("ratios per round: " + ", ".join(f"{r:.2f}" for r in ratios))
@@ -252,6 +254,48 @@ def _intake_round(database_url: str, port: int, state_dir: Path, n: int, count: 
     if ingested != count:
         print(f"warning: intake stored {ingested} of {count} mails")
     return rate
+
+
+class _OtherCpu:
+    """CPU time Postgres (its server processes, and backends that ended) and pymap spend.
+
+    Intake's wall time is bound by the CPU of three processes on a small machine: the
+    round's own line says this process's share, this one the others'.
+    """
+
+    def __init__(self, postmaster_pid_file: Path, pymap_pid: int) -> None:
+        self._postmaster = int(postmaster_pid_file.read_text().split()[0])
+        self._pymap = pymap_pid
+        self._start = self._now()
+
+    def _now(self) -> tuple[float, float]:
+        postgres = _cpu_s(self._postmaster, reaped=True)
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                if int(_stat_fields(stat)[1]) == self._postmaster:
+                    postgres += _cpu_s(int(stat.parent.name), reaped=False)
+            except (OSError, IndexError, ValueError):
+                continue  # gone meanwhile
+        return postgres, _cpu_s(self._pymap, reaped=False)
+
+    def per_mail(self, mails: int) -> str:
+        postgres, pymap = (b - a for a, b in zip(self._start, self._now(), strict=True))
+        return (
+            f"  Postgres {postgres / mails * 1000:.2f} ms and pymap {pymap / mails * 1000:.2f} ms"
+            " CPU per mail (user + system)"
+        )
+
+
+def _stat_fields(stat: Path) -> list[str]:
+    """/proc/PID/stat after the command name: state, ppid, …"""
+    return stat.read_text().rsplit(")", 1)[1].split()
+
+
+def _cpu_s(pid: int, *, reaped: bool) -> float:
+    """User + system CPU seconds of ``pid``, and of its ended children when ``reaped``."""
+    fields = _stat_fields(Path(f"/proc/{pid}/stat"))
+    ticks = sum(int(f) for f in fields[11 : 15 if reaped else 13])
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def make_big_mail() -> bytes:
