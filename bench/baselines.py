@@ -1,9 +1,10 @@
 """Fairer baselines for ``bench/outbox.py``: the same work without Mailroom's protocol.
 
-* ``batched_relay``: claim up to a batch of queued jobs with ``SKIP LOCKED``, publish
-  each on core NATS with one flush for the batch, mark them published in one
-  statement, commit: what the outbox publisher does, without building and checking
-  requests, deadlines, republish rules or metrics.
+* ``relay``: claim up to a batch of queued jobs, oldest first, with ``SKIP LOCKED``
+  (the publisher's order and index), publish each on core NATS with one flush for
+  the batch, mark them published in one statement, commit: what the outbox publisher
+  does, without building and checking requests, deadlines, republish rules or
+  metrics. A batch of one, time-boxed, is the one-job-per-transaction relay.
 * ``Skipping``: a Dramatiq middleware that acks the inbox's batch messages without
   running the actor, so the bridge → Redis → worker path is timed with a no-op
   handler, per result, like the real inbox.
@@ -20,6 +21,7 @@ _CLAIM = """
       JOIN stored_file AS f ON f.id = j.file_id
       LEFT JOIN stored_object AS o ON o.id = f.object_id
      WHERE j.status = 'queued'
+     ORDER BY j.requested_at, j.id
      LIMIT :limit
        FOR UPDATE OF j SKIP LOCKED
 """
@@ -31,8 +33,8 @@ _MARK = """
 """
 
 
-async def batched_relay(settings: Any, batch: int) -> tuple[int, float]:
-    """Claim-and-publish in batches until nothing is queued; (jobs, elapsed)."""
+async def relay(settings: Any, batch: int, seconds: float | None = None) -> tuple[int, float]:
+    """Claim-and-publish in batches until nothing is queued or ``seconds`` ran; (jobs, elapsed)."""
     import json
 
     import nats as nats_py
@@ -47,7 +49,7 @@ async def batched_relay(settings: Any, batch: int) -> tuple[int, float]:
     done = 0
     started = time.perf_counter()
     try:
-        while True:
+        while seconds is None or time.perf_counter() - started < seconds:
             async with sessions() as session, session.begin():
                 rows = (await session.execute(text(_CLAIM), {"limit": batch})).all()
                 if not rows:

@@ -4,7 +4,8 @@ Runs on embedded Postgres, NATS and Redis (``mailroom.devtools.stack``, Postgres
 durable by default: fsync on for both sides alike, ``--fast`` turns it off), migrated fresh:
 
 * outbox: 20,000 queued jobs (never fewer). (a) a one-job-per-transaction relay
-  (claim one row with SKIP LOCKED, publish on core NATS, flush, update, commit),
+  (``bench/baselines.py``'s relay with a batch of one: claim the oldest row with SKIP
+  LOCKED, publish on core NATS, flush, update, commit),
   time-boxed, then all rows reset to queued; (b) Mailroom's
   ``publish_recognition_requests`` passes (core NATS) until every job is published.
 * inbox: N ``done`` results pre-loaded into JetStream; a ``mailroom bridge nats``
@@ -36,7 +37,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -112,65 +112,6 @@ def reset_jobs(dsn: str) -> None:
             "reply_deadline = NULL, request_subject = NULL"
         )
         conn.execute("VACUUM ANALYZE recognition_job")
-
-
-_RELAY_CLAIM = """
-    SELECT j.id, j.file_id, j.pipeline, j.attempt, f.original_name, f.file_type, o.bucket, o.key
-      FROM recognition_job AS j
-      JOIN stored_file AS f ON f.id = j.file_id
-      LEFT JOIN stored_object AS o ON o.id = f.object_id
-     WHERE j.status = 'queued'
-     LIMIT 1
-       FOR UPDATE OF j SKIP LOCKED
-"""
-
-
-async def relay(settings: Any, seconds: float) -> tuple[int, float]:
-    """The baseline: one job per transaction, one publish + flush each; (jobs, elapsed)."""
-    import nats as nats_py
-    from sqlalchemy import text
-
-    from mailroom.db import create_engine, create_sessionmaker
-    from mailroom.recognition.contracts import dump
-    from mailroom.recognition.outbox import build_request
-
-    engine = create_engine(settings.database)
-    sessions = create_sessionmaker(engine)
-    nc = await nats_py.connect(settings.nats.url)
-    subject = settings.nats.subject(settings.nats.tabular_subject)
-    done = 0
-    started = time.perf_counter()
-    try:
-        while time.perf_counter() - started < seconds:
-            async with sessions() as session, session.begin():
-                row = (await session.execute(text(_RELAY_CLAIM))).one_or_none()
-                if row is None:
-                    break
-                now = datetime.now(UTC)
-                deadline = now + timedelta(seconds=300)
-                request = build_request(row, deadline)
-                msg_id = f"{row.id}:{row.attempt}:request"
-                await nc.publish(subject, dump(request), headers={"Nats-Msg-Id": msg_id})
-                await nc.flush()
-                await session.execute(
-                    text(
-                        "UPDATE recognition_job SET status = 'published', published_at = :now, "
-                        "reply_deadline = :deadline, request_msg_id = :msg_id, "
-                        "request_subject = :subject WHERE id = :id"
-                    ),
-                    {
-                        "now": now,
-                        "deadline": deadline,
-                        "msg_id": msg_id,
-                        "subject": subject,
-                        "id": row.id,
-                    },
-                )
-            done += 1
-        return done, time.perf_counter() - started
-    finally:
-        await nc.close()
-        await engine.dispose()
 
 
 async def mailroom_publisher(settings: Any) -> tuple[int, float]:
@@ -394,7 +335,7 @@ def main() -> int:
             insert_jobs(dsn, jobs)
             print(f"inserted {jobs} queued jobs in {time.perf_counter() - t0:.1f}s")
 
-            relayed, relay_s = asyncio.run(relay(settings, relay_seconds))
+            relayed, relay_s = asyncio.run(baselines.relay(settings, 1, relay_seconds))
             relay_rate = relayed / relay_s
             print(
                 f"relay: {relayed} jobs in {relay_s:.2f}s = {relay_rate:.0f} jobs/s (one per transaction)"
@@ -410,7 +351,7 @@ def main() -> int:
                 raise SystemExit(f"publisher published {published} of {jobs}")
             reset_jobs(dsn)
             batch = settings.recognition.publish_batch_size
-            batched, batched_s = asyncio.run(baselines.batched_relay(settings, batch))
+            batched, batched_s = asyncio.run(baselines.relay(settings, batch))
             batched_rate = batched / batched_s
             print(
                 f"batched claim-and-publish loop: {batched} jobs in {batched_s:.2f}s = "
