@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import stat
 
 from mailroom.adapters.storage import FilesystemStore, PutRequest, StoredRef, content_key
@@ -123,3 +124,20 @@ async def test_an_object_whose_file_cannot_be_synced_is_reported_and_removed(tmp
     # Not left behind: its bytes may sit only in the page cache, so a later put must rewrite it.
     assert not (tmp_path / store.bucket("mail") / bad_key).exists()
     assert (tmp_path / stored.bucket / good_key).read_bytes() == good
+
+
+async def test_a_forked_child_stores_objects_with_its_own_sync_threads(tmp_path):
+    store = _store(tmp_path)
+    await store.put("mail", content_key(b"parent", prefix="mail"), b"parent", media_type="x")
+    data = b"child"
+    key = content_key(data, prefix="mail")
+
+    pid = os.fork()
+    if pid == 0:  # the parent's sync threads are not in the child: it must not wait on them
+        signal.alarm(10)  # a child waiting on threads it does not have dies of SIGALRM
+        [outcome] = store._put_all([PutRequest("mail", key, data, "x")])
+        os._exit(0 if isinstance(outcome, StoredRef) else 1)
+    _, status = os.waitpid(pid, 0)
+
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert (tmp_path / store.bucket("mail") / key).read_bytes() == data
