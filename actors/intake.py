@@ -8,7 +8,7 @@ import dramatiq
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from actors import queues
-from actors.notifications import notify_final_mails
+from actors.notifications import request_notification_pass
 from actors.recognition import publish_recognition_requests
 from actors.resources import current
 from actors.retry_policy import RetryPolicy
@@ -52,8 +52,8 @@ async def poll_mailbox(mailbox: str) -> None:
     result = outcome.result
     if result is not None and result.ingested:
         # A mail with nothing to recognize is final at once: let its notification go out now
-        # rather than at the next sweep.
-        await asyncio.to_thread(notify_final_mails.send)
+        # rather than at the next sweep (one pass for every mailbox's, ``request_notification_pass``).
+        await request_notification_pass()
     watch = result is not None and result.ingested and find_mailbox(intake, mailbox).idle
     if outcome.more_waiting or watch:
         # More mail waits: the next batch goes to the back of the queue, after the other

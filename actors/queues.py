@@ -4,9 +4,10 @@
 INTAKE = "intake"
 #: ``publish_recognition_requests``: the transactional outbox relay to NATS.
 OUTBOX = "outbox"
-#: ``apply_recognition_message``: acks and results from recognition services.
+#: ``apply_recognition_messages``: acks and results from recognition services.
 INBOX = "inbox"
-#: ``map_recognition_result``: result files into documents.
+#: ``map_recognition_results`` (and ``map_recognition_result``): result files into documents;
+#: ``notify_final_mails``: notifications of mails made final.
 MAPPING = "mapping"
 #: ``deliver_channel_message``: outbound notifications.
 DELIVERY = "delivery"

@@ -11,6 +11,7 @@ from dramatiq.broker import MessageProxy
 ID_TAGS = {
     "poll_mailbox": "mailbox",
     "map_recognition_result": "job_id",
+    "map_recognition_results": "job_ids",
     "deliver_channel_message": "channel_message_id",
     "deliver_channel_messages": "channel_message_ids",
 }

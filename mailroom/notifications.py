@@ -34,7 +34,7 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from mailroom.db import transaction
-from mailroom.delivery.producer import enqueue_messages
+from mailroom.delivery.producer import create_messages, enqueue_messages
 from mailroom.models import ChannelMessage, Document, InboundMail, MailboxCursor, StoredFile
 from mailroom.recognition.finality import finalize_settled_mails
 from mailroom.settings import DeliverySettings, NotificationRoute
@@ -48,8 +48,6 @@ ROUTE_FAILED = "ROUTE_FAILED"
 #: How long a pass request holds off the next ones, in seconds: the longest wait for a
 #: pass after a process died between setting the mark and sending the pass.
 PASS_REQUEST_TTL_S = 60
-#: Messages inserted per statement (9 parameters each; a statement takes at most 32767).
-INSERT_CHUNK = 1_000
 
 
 @dataclass
@@ -219,12 +217,11 @@ async def create_notifications(
                     "recipient": route.recipient,
                     "subject": subject,
                     "body": body,
-                    "status": "pending",
                     "dedupe_key": key,
                     "mail_id": mail.id,
                 }
             )
-    batch.message_ids = await _insert_messages(session, values)
+    batch.message_ids = await create_messages(session, values)
     await session.execute(
         update(InboundMail)
         .where(InboundMail.id.in_([mail.id for mail in mails]))
@@ -235,24 +232,6 @@ async def create_notifications(
         "Created %d notification(s) for %d final mail(s)", len(batch.message_ids), len(mails)
     )
     return batch
-
-
-async def _insert_messages(session: AsyncSession, values: list[dict[str, Any]]) -> list[int]:
-    """Insert pending messages, a chunk per statement; the ids of the new ones, in order.
-
-    A dedupe key already used inserts nothing (the earlier message stands), as in
-    ``delivery.producer.create_message``.
-    """
-    ids: list[int] = []
-    for start in range(0, len(values), INSERT_CHUNK):
-        statement = (
-            insert(ChannelMessage)
-            .values(values[start : start + INSERT_CHUNK])
-            .on_conflict_do_nothing(index_elements=["dedupe_key"])
-            .returning(ChannelMessage.id)
-        )
-        ids += sorted(message_id for (message_id,) in await session.execute(statement))
-    return ids
 
 
 async def _record_route_failure(

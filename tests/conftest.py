@@ -107,3 +107,13 @@ def stub_worker(stub_broker: StubBroker) -> Iterator[Worker]:
     worker.start()
     yield worker
     worker.stop()
+
+
+@pytest.fixture
+def intake_worker(settings: object, stub_broker: StubBroker) -> Iterator[Worker]:
+    """A worker on the intake queue only, once the module's ``settings`` fixture configured
+    the actors' resources: the other queues are someone else's to run."""
+    worker = Worker(stub_broker, worker_timeout=100, queues={"intake"})
+    worker.start()
+    yield worker
+    worker.stop()

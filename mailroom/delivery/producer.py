@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 import redis.asyncio as aioredis
 from sqlalchemy import and_, func, or_, select, update
@@ -41,20 +42,45 @@ async def create_message(
     With a ``dedupe_key`` already used, nothing is inserted and None is returned
     (the earlier message stands). Call ``enqueue_messages`` after the commit.
     """
-    statement = insert(ChannelMessage).values(
-        channel=channel,
-        account=account,
-        recipient=recipient,
-        subject=subject,
-        body=body,
-        status="pending",
-        dedupe_key=dedupe_key,
-        mail_id=mail_id,
-        document_id=document_id,
+    ids = await create_messages(
+        session,
+        [
+            {
+                "channel": channel,
+                "account": account,
+                "recipient": recipient,
+                "subject": subject,
+                "body": body,
+                "dedupe_key": dedupe_key,
+                "mail_id": mail_id,
+                "document_id": document_id,
+            }
+        ],
     )
-    if dedupe_key is not None:
-        statement = statement.on_conflict_do_nothing(index_elements=["dedupe_key"])
-    return (await session.execute(statement.returning(ChannelMessage.id))).scalar_one_or_none()
+    return ids[0] if ids else None
+
+
+#: Messages inserted per statement (up to 10 parameters each; a statement takes at most 32767).
+INSERT_CHUNK = 1_000
+
+
+async def create_messages(session: AsyncSession, messages: Sequence[dict[str, Any]]) -> list[int]:
+    """Insert pending messages (``ChannelMessage`` columns) in the caller's transaction.
+
+    Returns the ids of the new ones in ascending order; a message whose ``dedupe_key``
+    is already used inserts nothing (the earlier one stands). A chunk per statement.
+    Call ``enqueue_messages`` after the commit.
+    """
+    ids: list[int] = []
+    for start in range(0, len(messages), INSERT_CHUNK):
+        statement = (
+            insert(ChannelMessage)
+            .values([{**m, "status": "pending"} for m in messages[start : start + INSERT_CHUNK]])
+            .on_conflict_do_nothing(index_elements=["dedupe_key"])
+            .returning(ChannelMessage.id)
+        )
+        ids += sorted(message_id for (message_id,) in await session.execute(statement))
+    return ids
 
 
 async def add_to_stream(

@@ -7,7 +7,6 @@ import time
 
 import psycopg
 import pytest
-from dramatiq import Worker
 
 import actors.resources
 from actors.intake import poll_mailbox
@@ -28,15 +27,6 @@ def settings(database_url, tmp_path, imap_server, imap_folder):
     )
     actors.resources.configure(settings)
     return settings
-
-
-@pytest.fixture
-def intake_worker(settings, stub_broker):
-    """A worker on the intake queue only: the outbox queue is someone else's to run."""
-    worker = Worker(stub_broker, worker_timeout=100, queues={"intake"})
-    worker.start()
-    yield worker
-    worker.stop()
 
 
 def _query(settings, sql, *params):

@@ -7,7 +7,6 @@ import json
 import psycopg
 import pytest
 from cryptography.fernet import Fernet
-from dramatiq import Worker
 from typer.testing import CliRunner
 
 import actors.resources
@@ -35,14 +34,6 @@ def settings(database_url, tmp_path, monkeypatch):
     )
     actors.resources.configure(settings)
     return settings
-
-
-@pytest.fixture
-def intake_worker(settings, stub_broker):
-    worker = Worker(stub_broker, worker_timeout=100, queues={"intake"})
-    worker.start()
-    yield worker
-    worker.stop()
 
 
 def _query(settings, sql, *params):
