@@ -75,6 +75,15 @@ _OLE_MAGIC = b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1"
 #: The stream name an Excel 97-2003 workbook carries in its OLE directory (UTF-16LE).
 _XLS_STREAM = "Workbook".encode("utf-16-le")
 _ZIP_MAGIC = b"PK\x03\x04"
+#: Document formats told by their first bytes alone, before asking puremagic (which tries every
+#: signature it knows: about half a millisecond per file, most of intake's parsing time).
+_DOCUMENT_MAGIC = (
+    (b"%PDF-", "pdf"),
+    (b"\x89PNG\r\n\x1a\n", "png"),
+    (b"\xff\xd8\xff", "jpeg"),
+    (b"II*\x00", "tiff"),
+    (b"MM\x00*", "tiff"),
+)
 #: puremagic's extensions → our file types.
 _MAGIC_TYPES = {"jfif": "jpeg", "jpe": "jpeg", "jpg": "jpeg", "tif": "tiff", "htm": "html"}
 
@@ -144,8 +153,15 @@ def sniff(data: bytes) -> str | None:
     if head.startswith(_ZIP_MAGIC):
         # The central directory at the end names the parts; OOXML workbooks keep theirs in xl/.
         return "xlsx" if b"xl/" in head or b"xl/" in data[-SNIFF_BYTES:] else "zip"
-    magic = _magic(head)
+    for prefix, file_type in _DOCUMENT_MAGIC:
+        if head.startswith(prefix):
+            return file_type
     text = _text_kind(head, truncated=len(data) > len(head))
+    if text in ("csv", "tsv"):
+        # Lines with one delimiter count throughout are a table, whatever magic number
+        # their first letters happen to spell.
+        return text
+    magic = _magic(head)
     if magic in _EXECUTABLE_TYPES:
         # Two letters ("MZ") are all some of these signatures check: text is not a program.
         return text or "executable"
