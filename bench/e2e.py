@@ -230,6 +230,16 @@ def server_pids(system: System, servers: dict[str, object]) -> dict[str, int]:
     return pids
 
 
+def cpu_bound_line(total_cpu_s: float, done: int, drain_rate: float, raw_rate: float) -> str:
+    """The drain rate this run's CPU per mail allows on this machine's cores, if all were busy."""
+    cores = os.cpu_count() or 1
+    bound = cores * done / total_cpu_s if total_cpu_s > 0 else float("inf")
+    return (
+        f"CPU bound on {cores} cores: {bound:.1f} mails/s = ratio {bound / raw_rate:.4f} "
+        f"of the raw fetch; the drain reached {100 * drain_rate / bound:.0f} % of it"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="finish within about 3 minutes")
@@ -307,6 +317,7 @@ def main() -> None:
             )
             for label, seconds in sorted(used.items(), key=lambda kv: -kv[1]):
                 print(f"  {label:<20} {seconds * 1000 / max(done, 1):7.2f}")
+            print(cpu_bound_line(total_cpu, done, drain_rate, raw_rate))
             latencies: list[float] = []
             rate = args.rate or max(1.0, drain_rate / 2)
             if not drained:
