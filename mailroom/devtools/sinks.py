@@ -63,6 +63,18 @@ def new_secret() -> str:
     return webhooks.SECRET_PREFIX + base64.b64encode(token_bytes(32)).decode()
 
 
+#: How long the sink keeps an idle connection open, in seconds: longer than httpx keeps
+#: one in its pool (5 s), so the sender, not the sink, closes it.
+KEEP_ALIVE_S = 30.0
+
+
+class _SinkServer(ThreadingHTTPServer):
+    #: Listen backlog: 2 worker processes x 8 threads x a batch's lanes connect at once.
+    request_queue_size = 256
+    #: ``stop`` does not wait for kept-alive connections: their threads end when they close.
+    block_on_close = False
+
+
 class WebhookSink:
     """An HTTP server that accepts every signed JSON POST with 200 and records it.
 
@@ -89,9 +101,21 @@ class WebhookSink:
         self.record = _Record()
         #: Why each refused request was refused, in arrival order.
         self.rejected: list[str] = []
+        #: Connections senders opened to the sink.
+        self.connections = 0
         sink = self
 
         class Handler(BaseHTTPRequestHandler):
+            # Keep-alive, as real receivers answer: a connection per POST cost the sender a
+            # connect and a teardown each, and bursts of connects overflowed the listen queue.
+            protocol_version = "HTTP/1.1"
+            timeout = KEEP_ALIVE_S
+
+            def setup(self) -> None:
+                super().setup()
+                with sink.record.lock:
+                    sink.connections += 1
+
             def do_POST(self) -> None:
                 raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 try:
@@ -109,6 +133,7 @@ class WebhookSink:
                     payload: dict[str, Any] = json.loads(raw)
                 except ValueError:
                     self.send_response(400)
+                    self.send_header("Content-Length", "0")
                     self.end_headers()
                     return
                 item = sink.record.add(
@@ -122,6 +147,7 @@ class WebhookSink:
                 if sink.delay_s:
                     time.sleep(sink.delay_s)
                 self.send_response(200)
+                self.send_header("Content-Length", "0")
                 self.end_headers()
                 if on_receive is not None and not item.duplicate:
                     on_receive(f"webhook → {item.recipient}: {item.subject}")
@@ -129,7 +155,7 @@ class WebhookSink:
             def log_message(self, format: str, *args: Any) -> None:
                 return  # quiet: on_receive says what matters
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self._server = _SinkServer(("127.0.0.1", self.port), Handler)
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
     @property

@@ -86,6 +86,18 @@ async def test_a_signed_request_is_verified_and_delivered(
     assert sink.rejected == []
 
 
+async def test_consecutive_deliveries_share_one_kept_alive_connection(
+    start_sink, deliverer_for, delivery_sessions
+):
+    sink = start_sink(secrets=[OLD])
+    ids = [await make_message(delivery_sessions, channel="webhook") for _ in range(3)]
+    async with deliverer_for(sink, [OLD]) as deliverer:
+        outcomes = [await deliverer.deliver(message_id) for message_id in ids]
+    assert outcomes == [Outcome.DELIVERED] * 3
+    assert len(sink.received) == 3
+    assert sink.connections == 1
+
+
 async def test_a_request_arriving_ten_minutes_late_is_refused_as_stale(
     start_sink, deliverer_for, delivery_sessions
 ):
