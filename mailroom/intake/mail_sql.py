@@ -1,8 +1,8 @@
 """The one statement that stores a mail: fence, dedupe, objects, mail, files, jobs.
 
-Each mail is one statement in its own transaction, and the statements of a
-group of mails are pipelined (intake's throughput is bound by round trips and
-client work, not by Postgres). The data-modifying CTEs run on one snapshot:
+Each mail is one statement; a group of mails is pipelined in one transaction
+(intake's throughput is bound by round trips and CPU, and a commit per mail cost
+Postgres as much as the statement), or one transaction per mail when the group fails. The data-modifying CTEs run on one snapshot:
 
 - ``fence`` moves ``last_uid`` only while our lease holds; no row means the
   lease is lost and every insert below is gated off (``go`` is empty);
@@ -20,11 +20,14 @@ client work, not by Postgres). The data-modifying CTEs run on one snapshot:
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+
+logger = logging.getLogger(__name__)
 
 _STORE_MAIL = """
 WITH fence AS (
@@ -203,30 +206,85 @@ class MailWrite:
 async def store_mails(
     pg: psycopg.AsyncConnection[Any], writes: list[MailWrite]
 ) -> tuple[list[StoreResult], psycopg.Error | None]:
-    """Store mails in order, each in its own transaction, all sent in one pipeline.
+    """Store mails in UID order: the results of the mails committed, and the error that stopped
+    the rest, if any.
 
     ``pg`` is the psycopg connection under the batch's SQLAlchemy connection, in
     autocommit mode: statements run server-side prepared, without SQLAlchemy's
-    per-call compile and result wrapping. The pipeline is ``BEGIN``, then for each
-    mail its statement and ``COMMIT AND CHAIN`` (a plain ``COMMIT`` for the last),
-    and one Sync: Postgres skips everything after the first error, so the results
-    are those of the mails committed, in order, and the error is that of the mail
-    after them.
+    per-call compile and result wrapping. A group goes in one transaction first (each mail
+    still fenced on the lease, so a lost lease stops the group at that mail): a commit per mail
+    cost Postgres about as much CPU as the mail's statement. When anything in it fails, the
+    group is rolled back and stored again one transaction per mail, so the mails before the one
+    that failed are committed, as before.
     """
     if not pg.autocommit:
         raise RuntimeError("store_mails needs an autocommit connection")
+    if len(writes) > 1:
+        together = await _store_together(pg, writes)
+        if together is not None:
+            return together, None
+    return await _store_one_by_one(pg, writes)
+
+
+def _statement(write: MailWrite) -> str:
+    return STORE_MAIL_WITHOUT_ID if write.mail["message_id"] is None else STORE_MAIL_WITH_ID
+
+
+async def _store_together(
+    pg: psycopg.AsyncConnection[Any], writes: list[MailWrite]
+) -> list[StoreResult] | None:
+    """The mails in one transaction and one pipeline; None when it failed and was rolled back."""
+    stores: list[psycopg.AsyncCursor[Any]] = []
+    try:
+        async with pg.pipeline():
+            await pg.execute("BEGIN")
+            for write in writes:
+                stores.append(
+                    await pg.cursor().execute(_statement(write), write.params(), prepare=True)
+                )
+            commit = await pg.execute("COMMIT")
+    except psycopg.Error as exc:
+        # The state only, never the message: Postgres quotes failing rows, mail headers included.
+        logger.info(
+            "a group of %d mails failed together (%s, SQLSTATE %s); storing them one by one",
+            len(writes),
+            type(exc).__name__,
+            exc.sqlstate,
+        )
+        if not pg.closed:
+            await pg.rollback()
+        return None
+    if commit.statusmessage != "COMMIT":
+        raise RuntimeError(f"Postgres answered {commit.statusmessage!r} to a group's COMMIT")
+    return [_result(await store.fetchone()) for store in stores]
+
+
+def _result(row: Any) -> StoreResult:
+    if row is None:
+        raise RuntimeError("store_mail returned no row")
+    fenced, duplicate, mail_id, jobs = row
+    return StoreResult(
+        fenced=bool(fenced), duplicate=bool(duplicate), mail_id=mail_id, jobs=int(jobs)
+    )
+
+
+async def _store_one_by_one(
+    pg: psycopg.AsyncConnection[Any], writes: list[MailWrite]
+) -> tuple[list[StoreResult], psycopg.Error | None]:
+    """Each mail in its own transaction, all sent in one pipeline.
+
+    The pipeline is ``BEGIN``, then for each mail its statement and ``COMMIT AND CHAIN`` (a
+    plain ``COMMIT`` for the last), and one Sync: Postgres skips everything after the first
+    error, so the results are those of the mails committed, in order, and the error is that
+    of the mail after them.
+    """
     sent: list[tuple[psycopg.AsyncCursor[Any], psycopg.AsyncCursor[Any]]] = []
     error: psycopg.Error | None = None
     try:
         async with pg.pipeline():
             await pg.execute("BEGIN")
             for number, write in enumerate(writes, start=1):
-                statement = (
-                    STORE_MAIL_WITHOUT_ID
-                    if write.mail["message_id"] is None
-                    else STORE_MAIL_WITH_ID
-                )
-                store = await pg.cursor().execute(statement, write.params(), prepare=True)
+                store = await pg.cursor().execute(_statement(write), write.params(), prepare=True)
                 # AND CHAIN opens the next mail's transaction at once: one command less per mail.
                 end = "COMMIT AND CHAIN" if number < len(writes) else "COMMIT"
                 sent.append((store, await pg.execute(end)))
@@ -238,15 +296,7 @@ async def store_mails(
     for store, commit in sent:
         if commit.statusmessage != "COMMIT":
             break
-        row = await store.fetchone()
-        if row is None:
-            raise RuntimeError("store_mail returned no row")
-        fenced, duplicate, mail_id, jobs = row
-        results.append(
-            StoreResult(
-                fenced=bool(fenced), duplicate=bool(duplicate), mail_id=mail_id, jobs=int(jobs)
-            )
-        )
+        results.append(_result(await store.fetchone()))
     if error is None and len(results) < len(writes):
         raise RuntimeError("Postgres acknowledged fewer mails than were sent")
     if error is not None and len(results) == len(writes):

@@ -113,6 +113,7 @@ class IntakeSettings(StrictModel):
     #: Bytes per IMAP FETCH command: mails over fetch_chunk_bytes / fetch_chunk are fetched alone.
     #: Two fetches and three commit groups are in memory at once, so this bounds a poll's memory.
     fetch_chunk_bytes: int = 32 * 1024 * 1024
-    #: Mails whose transactions are sent to Postgres together (each mail is still its own
-    #: transaction, committed in UID order); the next group is prepared meanwhile.
+    #: Mails sent to Postgres together and committed in one transaction (each still fenced on
+    #: the lease, in UID order; a group that fails is stored again mail by mail); the next
+    #: group is prepared meanwhile.
     commit_group: int = 25

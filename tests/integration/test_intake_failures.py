@@ -7,6 +7,7 @@ from datetime import timedelta
 
 import pytest
 from pydantic import SecretStr
+from sqlalchemy import text
 
 from mailroom.adapters.imap import ImapMailbox, MemoryServer
 from mailroom.adapters.storage import put_concurrently
@@ -247,8 +248,21 @@ async def test_fetch_error_fails_the_batch_and_closes_the_connection(intake_env)
     assert await intake_env.mails() == []
 
 
+async def test_a_group_of_mails_commits_in_one_transaction(intake_env):
+    uids = intake_env.append(*(csv_mail(n) for n in range(3)))
+
+    assert (await intake_env.poll()).status == "done"
+
+    async with intake_env.sessions() as session:
+        rows = (
+            await session.execute(text("SELECT uid, xmin::text FROM inbound_mail ORDER BY uid"))
+        ).all()
+    assert [uid for uid, _ in rows] == uids
+    assert len({xid for _, xid in rows}) == 1, "one transaction id for the group's mails"
+
+
 async def test_a_mail_postgres_refuses_mid_group_keeps_the_mails_before_it(intake_env):
-    """Each mail of a pipelined group is its own transaction: those before the refused one stay."""
+    """A group that fails is stored again a transaction per mail: those before the refused one stay."""
     await intake_env.add_mail_trigger(
         "refuse_mail",
         "IF NEW.subject = 'REFUSED' AND NEW.status = 'stored' THEN "
