@@ -84,7 +84,7 @@ from mailroom.models import FINAL_FILE_STATUSES, FINAL_MESSAGE_STATUSES  # noqa:
 
 FOLDER = "soak"
 #: What is killed, by process name of ``process_specs``.
-TARGETS = ("worker", "bridge-nats", "bridge-stream", "scheduler", "recognizer")
+TARGETS = ("worker", "worker-intake", "bridge-nats", "bridge-stream", "scheduler", "recognizer")
 ROUTES = [{"channel": "log", "recipient": "ops"}, {"channel": "webhook", "recipient": "finance"}]
 WEBHOOK_ROUTE = 1
 #: The reference recognizer's log line for an answer it published (and flushed).
