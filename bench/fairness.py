@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import statistics
 import sys
 import time
@@ -25,9 +27,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import durability  # noqa: E402
-from e2e import dev_defaults, mail  # noqa: E402
+from e2e import dev_defaults, mail, server_pids  # noqa: E402
+from stages import ProcessCpu  # noqa: E402
 
 from mailroom.db import libpq_dsn  # noqa: E402
+from mailroom.devtools.dev import process_specs  # noqa: E402
 from mailroom.devtools.imap import DEMO_PASSWORD, DEMO_USER, ImapServer, demo_mailbox  # noqa: E402
 from mailroom.devtools.sinks import WebhookSink  # noqa: E402
 from mailroom.devtools.stack import EmbeddedNats, EmbeddedPostgres, EmbeddedRedis  # noqa: E402
@@ -77,6 +81,16 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="the same run (it is short)")
     parser.add_argument("--mailboxes", type=int, default=200)
     parser.add_argument("--mails", type=int, default=10, help="mails per mailbox")
+    parser.add_argument(
+        "--without",
+        action="append",
+        default=[],
+        help="leave this process out (e.g. worker: intake's own bound, nothing downstream)",
+    )
+    parser.add_argument("--log-level", default="WARNING", help="the processes' log level")
+    parser.add_argument(
+        "--keep-logs", type=Path, default=None, help="copy the processes' logs to this folder"
+    )
     durability.add_flags(parser)
     args = parser.parse_args()
     folders = [f"box{n:03d}" for n in range(args.mailboxes)]
@@ -99,7 +113,7 @@ def main() -> None:
                     imap=imap,
                     folder=folders[0],
                     webhook=sink,
-                    MAILROOM_LOG__LEVEL="WARNING",
+                    MAILROOM_LOG__LEVEL=args.log_level,
                 ),
                 imap,
                 folders[0],
@@ -112,7 +126,15 @@ def main() -> None:
             (base / "logs").mkdir()
             system = System(env, libpq_dsn(postgres.url()), folders[0], imap, sink, base / "logs")
             started = time.monotonic()
-            system.start_all()
+            print(f"processes start at {time.strftime('%H:%M:%S')}", flush=True)
+            for name, _ in process_specs():
+                if name not in args.without:
+                    system.start(name)
+            cpu = ProcessCpu(
+                server_pids(system, {"postgres": postgres}),
+                own={"bench (pymap, sink)": os.getpid()},
+            )
+            startup_cpu: dict[str, float] = {}
             done_at: dict[str, float] = {}
             deadline = started + 300
             queues = QueueDepths(redis_server.url, env["MAILROOM_BROKER__NAMESPACE"])
@@ -121,6 +143,8 @@ def main() -> None:
                 for mailbox, stored in system.query(STORED_SQL):
                     if stored >= args.mails and mailbox not in done_at:
                         done_at[mailbox] = time.monotonic() - started
+                        if not startup_cpu:
+                            startup_cpu = cpu.since_start()
                 if time.monotonic() >= next_trace:
                     next_trace += 10
                     print(
@@ -130,9 +154,15 @@ def main() -> None:
                     )
                 time.sleep(0.5)
             queues.close()
+            used = cpu.since_start()
+            print("CPU seconds by process: until the first mailbox done / in all")
+            for label, seconds in sorted(used.items(), key=lambda kv: -kv[1]):
+                print(f"  {label:<20} {startup_cpu.get(label, 0.0):6.1f} {seconds:6.1f}")
         finally:
             if system is not None:
                 system.stop()
+                if args.keep_logs is not None:
+                    shutil.copytree(base / "logs", args.keep_logs, dirs_exist_ok=True)
             sink.stop()
             imap.stop()
             for server in (nats_server, redis_server, postgres):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -60,6 +61,8 @@ class BatchResult:
     jobs: int = 0
     #: More new mail than ``batch_size`` was waiting.
     more_waiting: bool = False
+    #: Seconds from the batch's start until it knew its new UIDs (connect, SELECT, SEARCH).
+    setup_s: float = 0.0
 
 
 @dataclass
@@ -99,6 +102,7 @@ async def run_batch(ctx: BatchContext, connection: Mailbox) -> BatchResult:
 
 
 async def _read_folder(ctx: BatchContext, connection: Mailbox) -> BatchResult:
+    started = time.monotonic()
     await connection.connect()
     await connection.check_health()
     uidvalidity = await connection.select(ctx.mailbox.folder)
@@ -109,6 +113,7 @@ async def _read_folder(ctx: BatchContext, connection: Mailbox) -> BatchResult:
         if await connection.idle(ctx.mailbox.idle_timeout_s):
             logger.debug("Mailbox %s: IDLE announced new mail", ctx.mailbox.name)
         uids = await connection.uids_above(above)
+    result.setup_s = time.monotonic() - started
     result.more_waiting = len(uids) > ctx.mailbox.batch_size
     uids = uids[: ctx.mailbox.batch_size]
     if uids:

@@ -8,6 +8,7 @@ more mail is waiting, so the caller can poll again at once.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Literal
 
@@ -76,6 +77,7 @@ async def poll_mailbox(name: str, *, settings: IntakeSettings, deps: IntakeDeps)
     mailbox = find_mailbox(settings, name)
     if not mailbox.enabled:
         return PollOutcome(name, "disabled")
+    started = time.monotonic()
     claimed = await cursors.claim_cursor(
         deps.sessions,
         mailbox=mailbox.name,
@@ -87,6 +89,7 @@ async def poll_mailbox(name: str, *, settings: IntakeSettings, deps: IntakeDeps)
         logger.debug("Mailbox %s: skipped (%s)", name, claimed.reason)
         return PollOutcome(name, "skipped", claimed.reason)
     claim = claimed
+    claimed_at = time.monotonic()
     ctx = BatchContext(claim, mailbox, settings, deps.sessions, deps.store, deps.nudge)
 
     async def renew() -> bool:
@@ -111,21 +114,31 @@ async def poll_mailbox(name: str, *, settings: IntakeSettings, deps: IntakeDeps)
     except BaseException:  # cancelled (the worker stops): not an attempt that killed a worker
         await _give_back(ctx, deps)
         raise
+    batch_done_at = time.monotonic()
     try:
         await cursors.finish_batch(deps.sessions, claim, highest_uid=result.highest_uid)
     except LeaseLost as exc:
         await _give_back(ctx, deps)
         return _lease_lost(name, exc)
+    # Where a poll's time went, to tell a slow server from a slow database (README, Benchmarks).
+    phases = (
+        f"claim {claimed_at - started:.3f} s, IMAP setup {result.setup_s:.3f} s, "
+        f"mails {batch_done_at - claimed_at - result.setup_s:.3f} s, "
+        f"finish {time.monotonic() - batch_done_at:.3f} s"
+    )
     if result.ingested or result.duplicates:
         logger.info(
-            "Mailbox %s: %d mail(s) stored, %d duplicate(s), %d job(s); last UID %d%s",
+            "Mailbox %s: %d mail(s) stored, %d duplicate(s), %d job(s); last UID %d%s (%s)",
             name,
             result.ingested,
             result.duplicates,
             result.jobs,
             result.highest_uid,
             ", more waiting" if result.more_waiting else "",
+            phases,
         )
+    else:
+        logger.debug("Mailbox %s: no new mail (%s)", name, phases)
     return PollOutcome(name, "done", result=result)
 
 
