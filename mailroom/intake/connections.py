@@ -4,8 +4,9 @@ A login is the dearest step of a poll that finds a few mails: a TLS handshake an
 password check on the server (pymap hashes for about 300 ms of CPU; over a WAN the
 round trips alone take as long), paid again by every mailbox at every pass. So a
 worker keeps the connections its polls end with, by account (host, port, security,
-CA, user and credentials), and the next poll of any folder of that account takes one,
-checks it with a NOOP and SELECTs its own folder. A connection goes back only when
+CA, user and credentials), and the next poll of any folder of that account takes one
+and SELECTs its own folder: a SELECT that finds the connection dropped is sent again on
+another kept one or a new login (no NOOP first). A connection goes back only when
 every call on it returned; one that failed, or whose call was cancelled, is closed.
 
 A connection is opened only when none of its account is kept, so a worker holds no
@@ -28,7 +29,7 @@ from typing import TypeVar
 from pydantic import SecretStr
 
 from mailroom.adapters.imap import FetchedMail, ImapMailbox, Mailbox, MailboxFactory
-from mailroom.errors import AppError
+from mailroom.errors import MailboxUnavailable
 from mailroom.settings import MailboxSettings
 
 logger = logging.getLogger(__name__)
@@ -136,7 +137,8 @@ class PooledMailbox:
         self._inner: Mailbox | None = None
         #: Every call on the connection returned: it may serve the next poll.
         self._clean = False
-        self._checked = False
+        #: Taken from the pool and not used yet: its SELECT is its health check.
+        self._unchecked = False
 
     def _require(self) -> Mailbox:
         if self._inner is None:
@@ -150,29 +152,41 @@ class PooledMailbox:
         return result
 
     async def connect(self) -> None:
-        while (kept := self._pool.take(self._key)) is not None:
-            self._inner = kept  # from here close() ends it, should this poll be cancelled
-            try:
-                await self._run(kept.check_health())
-            except AppError as exc:  # the server ended it meanwhile: log in anew
-                logger.debug("Kept IMAP connection for %s is gone: %s", self.settings.name, exc)
-                self._inner = None
-                await kept.close()
-                continue
-            if isinstance(kept, ImapMailbox):
-                kept.settings = self.settings  # its log lines name the mailbox it now serves
-            self._checked = True
+        kept = self._pool.take(self._key)
+        if kept is None:
+            await self._open()
             return
+        # Not checked here: the poll's next command, its SELECT, tells a connection the server
+        # dropped (``select``), and a NOOP first would cost every poll a round trip.
+        self._inner = kept  # from here close() ends it, should this poll be cancelled
+        self._clean = True
+        self._unchecked = True
+        if isinstance(kept, ImapMailbox):
+            kept.settings = self.settings  # its log lines name the mailbox it now serves
+
+    async def _open(self) -> None:
         self._inner = self._pool.open(self.settings)
         await self._run(self._inner.connect())
 
     async def check_health(self) -> None:
-        if self._checked:  # connect() has just checked the kept connection
-            self._checked = False
+        if self._unchecked:  # a kept connection: the SELECT that follows checks it
             return
         await self._run(self._require().check_health())
 
     async def select(self, folder: str) -> int:
+        while self._unchecked:
+            self._unchecked = False
+            kept = self._require()
+            try:
+                return await self._run(kept.select(folder))
+            except MailboxUnavailable as exc:  # the server ended it meanwhile: take or log in anew
+                logger.debug("Kept IMAP connection for %s is gone: %s", self.settings.name, exc)
+                self._inner = None
+                await kept.close()
+            if (again := self._pool.take(self._key)) is not None:
+                self._inner, self._unchecked = again, True
+                continue
+            await self._open()
         return await self._run(self._require().select(folder))
 
     async def uids_above(self, uid: int) -> list[int]:
