@@ -43,7 +43,7 @@ from mailroom.recognition.inbox_messages import (
     parse_message,
 )
 from mailroom.recognition.revive import reopen_mails, revivable, revive
-from mailroom.recognition.sql_params import uuid_array
+from mailroom.recognition.sql_params import int_array, uuid_array
 from mailroom.recognition.violations import fail_for_violation
 from mailroom.settings import RecognitionSettings
 
@@ -243,7 +243,7 @@ async def _apply_in_one_transaction(
     ids = uuid_array({p.response.job_id for p in parsed})
     async with sessions() as session, session.begin():
         locked = await session.execute(inbox_sql.LOCK_JOBS, {"ids": ids})
-        jobs = {row.id: _Job(dict(row._mapping)) for row in locked}
+        jobs = {job.id: job for job in map(_Job, inbox_sql.locked_rows(locked))}
         for job_id in uncount:
             if job_id in jobs:
                 _give_back_batch_attempt(jobs[job_id])
@@ -273,9 +273,9 @@ async def _apply_in_one_transaction(
             ]
             params = {
                 "jobs": inbox_sql.to_json(job_rows),
-                "job_ids": [job.id for job in changed],
+                "job_ids": uuid_array(job.id for job in changed),
                 "files": inbox_sql.to_json(file_rows),
-                "file_ids": [row["file_id"] for row in file_rows],
+                "file_ids": int_array(row["file_id"] for row in file_rows),
                 "now": now,
             }
             await session.execute(inbox_sql.WRITE_BACK, params)

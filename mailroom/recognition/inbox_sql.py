@@ -9,14 +9,16 @@ from __future__ import annotations
 from typing import Any
 
 import pydantic_core
-from sqlalchemy import text
+from sqlalchemy import Result, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 # The columns an answer may change; the batch reads them under the lock and writes them back.
 # Each row carries the transaction's time (``now()``), so the batch needs no round trip for it.
+# ``metrics`` comes as text, for ``locked_rows`` to read with pydantic's parser.
 LOCK_JOBS = text(
     """
-    SELECT now() AS db_now, id, file_id, status, attempt, result_msg_id, metrics, started_at, finished_at,
+    SELECT now() AS db_now, id, file_id, status, attempt, result_msg_id,
+           CAST(metrics AS text) AS metrics, started_at, finished_at,
            service_name, service_version, fields_total, fields_low_confidence,
            fields_unrecognized, error_code, error_message, result_schema_version,
            result_object_id, reply_deadline
@@ -107,6 +109,17 @@ WRITTEN = (
     "result_object_id",
     "result_msg_id",
 )
+
+
+def locked_rows(result: Result[Any]) -> list[dict[str, Any]]:
+    """``LOCK_JOBS``'s rows as dicts, ``metrics`` parsed (a few times faster than psycopg's
+    ``json.loads``, and no ``RowMapping`` per row)."""
+    names = list(result.keys())
+    rows = [dict(zip(names, row, strict=True)) for row in result]
+    for row in rows:
+        if row["metrics"] is not None:
+            row["metrics"] = pydantic_core.from_json(row["metrics"])
+    return rows
 
 
 def to_json(value: Any) -> str:

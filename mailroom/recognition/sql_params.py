@@ -16,6 +16,11 @@ def uuid_array(ids: Iterable[uuid.UUID]) -> str:
     return "{" + ",".join(str(value) for value in ids) + "}"
 
 
+def int_array(values: Iterable[int]) -> str:
+    """A ``bigint[]`` literal."""
+    return "{" + ",".join(str(int(value)) for value in values) + "}"
+
+
 def text_array(values: Iterable[str]) -> str:
     """A ``text[]`` literal, every element quoted, so any text (commas, quotes, braces) is kept."""
     return "{" + ",".join(_quoted(value) for value in values) + "}"

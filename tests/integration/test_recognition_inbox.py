@@ -124,6 +124,36 @@ async def test_invalid_body_is_rejected_with_a_warning_that_never_holds_the_body
     assert len(warning) < 400, "the job id is truncated"
 
 
+@pytest.mark.parametrize(
+    "encode",
+    [
+        lambda text: text.encode("utf-16"),
+        lambda text: b"\xef\xbb\xbf" + text.encode(),
+        lambda text: text.replace('"2.1"', '"\\ud800"').encode(),
+    ],
+    ids=["utf-16", "byte-order-mark", "lone-surrogate"],
+)
+async def test_a_result_that_is_not_utf8_json_is_rejected_and_changes_nothing(
+    db_sessions, recognition_factory, published, encode, mailroom_logs
+):
+    data = encode(body(published, "done").decode())
+    outcome = await apply(db_sessions, data, msg_id(published, "result"))
+
+    assert outcome.applied == "rejected"
+    assert (await recognition_factory.job(published.job_id))["status"] == "published"
+    assert any("not a JSON object" in m for m in mailroom_logs.messages())
+
+
+async def test_int_array_literals_round_trip(db_sessions):
+    from mailroom.recognition.sql_params import int_array
+
+    values = [1, -2, 2**62, 7]
+    async with db_sessions() as session:
+        got = await session.scalar(text("SELECT CAST(:v AS bigint[])"), {"v": int_array(values)})
+        empty = await session.scalar(text("SELECT CAST(:v AS bigint[])"), {"v": int_array([])})
+    assert (got, empty) == (values, [])
+
+
 async def test_done_result_without_result_s3_is_not_the_contract(
     db_sessions, recognition_factory, published
 ):
