@@ -50,6 +50,7 @@ sys.path.insert(0, str(ROOT))
 
 import baselines  # noqa: E402
 import durability  # noqa: E402
+import intake as intake_bench  # noqa: E402  (its /proc CPU readers)
 
 from mailroom.devtools.stack import EmbeddedNats, EmbeddedPostgres, EmbeddedRedis  # noqa: E402
 from mailroom.migrate import upgrade  # noqa: E402
@@ -249,11 +250,20 @@ class Timing:
 
 
 def run_inbox(
-    broker: Any, count: int, env: dict[str, str], dsn: str, *, prefill: bool, noop: bool = False
+    broker: Any,
+    count: int,
+    env: dict[str, str],
+    dsn: str,
+    pgdata: Path,
+    *,
+    prefill: bool,
+    noop: bool = False,
 ) -> tuple[float, int]:
     """Results per second through bridge → actor; ``noop`` skips the actor (the baseline).
 
-    Each run reads the preloaded results through its own durable consumer.
+    Each run reads the preloaded results through its own durable consumer. Prints the CPU
+    per result of the bridge, this process (the Worker) and Postgres: on two cores the
+    three share, their sum bounds the rate.
     """
     import dramatiq
 
@@ -284,9 +294,21 @@ def run_inbox(
         wait_for(lambda: queued_results(broker) >= count, "bridge prefill", poll_s=0.2)
         print(f"bridge enqueued {count} in {time.perf_counter() - t0:.2f}s (incl. startup)")
         timing.since = time.time()
+    cpu_before = (time.process_time(), postgres_cpu_s(pgdata))
     worker.start()
     try:
         wait_for(lambda: timing.done >= count, "inbox results applied")
+        bridge_s = intake_bench._cpu_s(bridge.pid, reaped=False)
+        worker_s, postgres_s = (
+            after - before
+            for before, after in zip(
+                cpu_before, (time.process_time(), postgres_cpu_s(pgdata)), strict=True
+            )
+        )
+        print(
+            f"  CPU per result: bridge {bridge_s / count * 1e6:.0f} us (with its start), "
+            f"worker {worker_s / count * 1e6:.0f} us, Postgres {postgres_s / count * 1e6:.0f} us"
+        )
     finally:
         bridge.send_signal(signal.SIGTERM)
         bridge.wait(30)
@@ -308,6 +330,19 @@ def run_inbox(
         f"({timing.done / batches:.0f} per message) in {timing.seconds():.2f}s"
     )
     return timing.rate(), int(applied[0]) if applied else 0
+
+
+def postgres_cpu_s(pgdata: Path) -> float:
+    """CPU seconds of the Postgres server: its processes, and its backends that ended."""
+    postmaster = int((pgdata / "postmaster.pid").read_text().split()[0])
+    total = intake_bench._cpu_s(postmaster, reaped=True)
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(intake_bench._stat_fields(stat)[1]) == postmaster:
+                total += intake_bench._cpu_s(int(stat.parent.name), reaped=False)
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+    return total
 
 
 def queued_results(broker: Any) -> int:
@@ -399,9 +434,13 @@ def main() -> int:
             import actors  # noqa: F401  (builds the RedisBroker from the environment above)
 
             broker = dramatiq.get_broker()
-            noop_rate, _ = run_inbox(broker, results, env, dsn, prefill=args.prefill, noop=True)
+            noop_rate, _ = run_inbox(
+                broker, results, env, dsn, postgres.pgdata, prefill=args.prefill, noop=True
+            )
             print(f"inbox baseline (bridge -> no-op handler): {noop_rate:.0f} results/s")
-            inbox_rate, applied = run_inbox(broker, results, env, dsn, prefill=args.prefill)
+            inbox_rate, applied = run_inbox(
+                broker, results, env, dsn, postgres.pgdata, prefill=args.prefill
+            )
             print(
                 f"inbox (bridge -> actor -> Postgres): {inbox_rate:.0f} results/s, "
                 f"{applied} of {results} applied"
