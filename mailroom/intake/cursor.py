@@ -28,10 +28,12 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import ColumnElement, and_, case, func, select, update
+from sqlalchemy import ColumnElement, and_, case, func, select, text, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import InstrumentedAttribute
@@ -44,6 +46,25 @@ from mailroom.intake import audit
 from mailroom.models import InboundMail, MailboxCursor
 
 logger = logging.getLogger(__name__)
+
+
+@asynccontextmanager
+async def lease_transaction(
+    sessions: async_sessionmaker[AsyncSession],
+) -> AsyncIterator[AsyncSession]:
+    """``transaction`` for the lease's own bookkeeping, committed without waiting for the WAL flush.
+
+    Asynchronous commit: each poll's claim, attempt count, renewals and finish no longer wait
+    for a disk flush (each of them did, on a busy disk up to a tenth of a second a poll).
+    Only a crash of Postgres itself can lose the last of them, never a worker's death, and
+    a lost one is harmless: every mail's commit fences on the lease and flushes the WAL up to
+    itself, so no mail is stored under a claim that is not durable; a lost finish leaves a
+    lease that expires and a ``last_uid`` its mails' own commits advanced; a lost count is one
+    attempt fewer. Failures, blocks and their audit events stay synchronous.
+    """
+    async with transaction(sessions) as session:
+        await session.execute(text("SET LOCAL synchronous_commit = off"))
+        yield session
 
 
 def backoff_s(retry_count: int, *, max_backoff_s: float) -> float:
@@ -87,7 +108,7 @@ async def claim_cursor(
     clock: DbClock = db_now,
 ) -> Claim | Skipped:
     """Take the cursor's lease in one short transaction, creating the cursor if missing."""
-    async with transaction(sessions) as session:
+    async with lease_transaction(sessions) as session:
         now = await clock(session)
         # Two first polls may race to create the row: the loser's insert does nothing.
         await session.execute(
@@ -143,7 +164,7 @@ async def count_attempt(sessions: async_sessionmaker[AsyncSession], claim: Claim
 
     An attempt at another UID than the last one counted starts over at one.
     """
-    async with transaction(sessions) as session:
+    async with lease_transaction(sessions) as session:
         count = await session.scalar(
             update(MailboxCursor)
             .where(_owned(claim))
@@ -199,7 +220,7 @@ async def renew_lease(
     clock: DbClock = db_now,
 ) -> bool:
     """Push ``lease_until`` forward; False when the lease is no longer ours."""
-    async with transaction(sessions) as session:
+    async with lease_transaction(sessions) as session:
         now = await clock(session)
         renewed = await session.scalar(
             update(MailboxCursor)
@@ -416,7 +437,7 @@ async def finish_batch(
     sessions: async_sessionmaker[AsyncSession], claim: Claim, *, highest_uid: int
 ) -> None:
     """Advance ``last_uid`` to the highest UID scanned, release the lease, reset retry state."""
-    async with transaction(sessions) as session:
+    async with lease_transaction(sessions) as session:
         done = await session.scalar(
             update(MailboxCursor)
             .where(_owned(claim))

@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import InstrumentedAttribute
 
 from mailroom.clock import DbClock, db_now
-from mailroom.db import transaction
+from mailroom.intake.cursor import lease_transaction
 from mailroom.models import MailboxCursor
 
 
@@ -37,7 +37,9 @@ async def mark_polls_queued(
     """
     if not mailboxes:
         return set()
-    async with transaction(sessions) as session:
+    # Its commit need not wait for a disk flush: a mark lost with Postgres only lets a pass
+    # send a second poll, which the claim skips or serves (``lease_transaction``).
+    async with lease_transaction(sessions) as session:
         now = await clock(session)
         await session.execute(
             insert(MailboxCursor)

@@ -125,3 +125,34 @@ def test_passes_piled_up_in_the_queue_send_each_mailbox_one_poll(
     run_intake_queue()
     assert sorted(polled) == ["a", "b", "c"], "the polls were claimed: the next pass sends again"
     assert stub_broker.dead_letters == []
+
+
+async def test_the_lease_bookkeeping_commits_without_a_flush_and_leaves_the_pool_as_it_was(
+    intake_env,
+):
+    from sqlalchemy import event, text
+
+    from mailroom.db import transaction
+
+    engine = intake_env.sessions.kw["bind"].sync_engine
+    sent: list[str] = []
+
+    def record(conn, cursor, statement, *args) -> None:
+        sent.append(statement)
+
+    async with transaction(intake_env.sessions) as session:
+        server_default = await session.scalar(text("SHOW synchronous_commit"))
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        claim = await cursors.claim_cursor(
+            intake_env.sessions, mailbox="box", folder=intake_env.folder, lease_s=30
+        )
+        assert isinstance(claim, cursors.Claim)
+        await cursors.finish_batch(intake_env.sessions, claim, highest_uid=0)
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
+    assert sent.count("SET LOCAL synchronous_commit = off") == 2, "the claim and the finish"
+    # SET LOCAL ends with its transaction: the next user of a pooled connection is as before.
+    for _ in range(3):
+        async with transaction(intake_env.sessions) as session:
+            assert await session.scalar(text("SHOW synchronous_commit")) == server_default
