@@ -9,6 +9,7 @@ from typing import Any
 from psycopg.pq import TransactionStatus
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import (
+    AsyncConnection,
     AsyncEngine,
     AsyncSession,
     async_sessionmaker,
@@ -111,6 +112,22 @@ def database_url(settings: DatabaseSettings) -> str:
 
 def create_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
     return async_sessionmaker(engine, expire_on_commit=False)
+
+
+@asynccontextmanager
+async def autocommit(
+    sessions: async_sessionmaker[AsyncSession],
+) -> AsyncIterator[AsyncConnection]:
+    """A pooled connection in autocommit, for a lone read: one round trip per statement.
+
+    A session would wrap the read in ``BEGIN`` and ``ROLLBACK`` (three round trips),
+    which for a version check or a load before the real work cost more than the query.
+    """
+    engine = sessions.kw["bind"]
+    assert isinstance(engine, AsyncEngine)
+    async with engine.connect() as connection:
+        await connection.execution_options(isolation_level="AUTOCOMMIT")
+        yield connection
 
 
 @asynccontextmanager

@@ -15,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionm
 
 from mailroom.config_store import kinds, rows
 from mailroom.config_store.secrets import Cipher
+from mailroom.db import autocommit
 from mailroom.errors import RuntimeConfigInvalid
 from mailroom.models import RuntimeConfig
 from mailroom.settings import (
@@ -132,11 +133,12 @@ class RuntimeAccounts:
 
     async def changed(self) -> Accounts | None:
         """The accounts when a row changed since the last call (the first call loads them)."""
+        async with autocommit(self.sessions) as connection:
+            version = await rows.version_of(connection, "account")
+        if version == self._seen:
+            return None
+        # Read after the version: a write in between is simply loaded again next time.
         async with self.sessions() as session:
-            version = await rows.version_of(session, "account")
-            if version == self._seen:
-                return None
-            # Read after the version: a write in between is simply loaded again next time.
             snapshot = await accounts(session, self.delivery, self.cipher)
         self._seen = version
         return snapshot
@@ -179,12 +181,13 @@ class RuntimeRoutes:
     async def get(
         self, sessions: async_sessionmaker[AsyncSession], delivery: DeliverySettings, key: str
     ) -> DeliverySettings:
+        async with autocommit(sessions) as connection:
+            seen = (key, await rows.version_of(connection, "route"))
+        same_source = self._sessions is sessions and self._delivery is delivery
+        if self._settings is not None and same_source and self._seen == seen:
+            return self._settings
+        # Read after the version: a write in between is simply loaded again next time.
         async with sessions() as session:
-            seen = (key, await rows.version_of(session, "route"))
-            same_source = self._sessions is sessions and self._delivery is delivery
-            if self._settings is not None and same_source and self._seen == seen:
-                return self._settings
-            # Read after the version: a write in between is simply loaded again next time.
             found = await routes(session, delivery, Cipher(key))
         self._settings = delivery.model_copy(update={"routes": found})
         self._sessions, self._delivery, self._seen = sessions, delivery, seen

@@ -36,6 +36,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from mailroom.db import autocommit
 from mailroom.recognition import attempts
 from mailroom.recognition.contracts import UNKNOWN_SERVICE
 from mailroom.recognition.finality import MAX_REASON_CHARS
@@ -136,8 +137,8 @@ async def map_recognition_results(
     ids = list(dict.fromkeys(job_ids))
     if not ids:
         return []
-    async with sessions() as session:
-        loaded = {row.id: row for row in await session.execute(_LOAD, {"ids": ids})}
+    async with autocommit(sessions) as connection:
+        loaded = {row.id: row for row in await connection.execute(_LOAD, {"ids": ids})}
     outcomes: dict[uuid.UUID, MappingOutcome] = {}
     todo = []
     for job_id in ids:

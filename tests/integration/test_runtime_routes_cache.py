@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from cryptography.fernet import Fernet
+from sqlalchemy import event
 
 from mailroom.config_store import effective, rows
 from mailroom.db import transaction
@@ -56,3 +57,22 @@ async def test_routes_are_kept_until_a_route_row_changes(db_sessions, monkeypatc
     other = DeliverySettings(routes=[])
     assert recipients(await cache.get(db_sessions, other, KEY)) == ["finance-team"]
     assert len(reads) == 4
+
+
+async def test_an_unchanged_check_is_one_statement_outside_any_transaction(db_sessions):
+    cache = effective.RuntimeRoutes()
+    delivery = DeliverySettings(routes=[NotificationRoute(recipient="ops")])
+    await cache.get(db_sessions, delivery, KEY)
+    engine = db_sessions.kw["bind"].sync_engine
+    seen: list[tuple[str, bool]] = []
+
+    def statement(conn, cursor, sql, *args):
+        # In autocommit psycopg sends no BEGIN before it, nor a ROLLBACK at the end.
+        seen.append((sql.split()[0].upper(), conn.connection.dbapi_connection.autocommit))
+
+    event.listen(engine, "before_cursor_execute", statement)
+    try:
+        await cache.get(db_sessions, delivery, KEY)
+    finally:
+        event.remove(engine, "before_cursor_execute", statement)
+    assert seen == [("SELECT", True)]
