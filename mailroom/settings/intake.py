@@ -41,8 +41,11 @@ class MailboxSettings(StrictModel):
     oauth: OAuthSettings | None = None
     folder: str = "INBOX"
     enabled: bool = True
-    #: Most mails one poll ingests; a fuller folder re-sends the poll at once.
-    batch_size: int = 50
+    #: Most mails one poll ingests; a fuller folder re-sends the poll at once. A poll's own
+    #: steps (claim, SELECT, search, finish) cost about as much as 15 small mails, and a
+    #: poll's fetches overlap its ingest only from its second chunk on: 50 mails a poll read
+    #: a backlog at under half the rate of 500.
+    batch_size: int = 500
     idle: bool = True
     #: Longest IDLE wait when nothing is new, in seconds.
     idle_timeout_s: float = 10.0
