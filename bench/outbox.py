@@ -16,7 +16,10 @@ durable by default: fsync on for both sides alike, ``--fast`` turns it off), mig
   without running the actor). Both rates are measured alike: every result, over the
   time from the bridge's first batch (the actor message's enqueue time) to the last
   batch finished, so neither the bridge's start nor a lucky first or last batch sets
-  the figure; ``--quick`` still carries 10,000 results (about 100 batches).
+  the figure; ``--quick`` still carries 10,000 results (about 100 batches). The
+  baseline runs just before and just after the inbox (each reads every result again)
+  and the ratio takes their mean, so a change of load between runs weighs on both
+  sides; each run also prints the CPU per result of the bridge, Worker and Postgres.
 * outbox, fairer baseline: a batched claim-and-publish loop without the protocol
   (``bench/baselines.py``), ``RESULT outbox_batched ratio=… target=0.8``.
 
@@ -258,6 +261,7 @@ def run_inbox(
     *,
     prefill: bool,
     noop: bool = False,
+    durable: str = "bench-inbox",
 ) -> tuple[float, int]:
     """Results per second through bridge → actor; ``noop`` skips the actor (the baseline).
 
@@ -277,7 +281,7 @@ def run_inbox(
     )
     if skipping is not None:
         broker.add_middleware(skipping)
-    env = {**env, "MAILROOM_NATS__INBOX_DURABLE": "bench-noop" if noop else "bench-inbox"}
+    env = {**env, "MAILROOM_NATS__INBOX_DURABLE": durable}
     worker = dramatiq.Worker(broker, queues={"inbox"}, worker_threads=WORKER_THREADS)
     code = (
         "import sys; from mailroom.cli import app; sys.argv = ['mailroom', 'bridge', 'nats']; app()"
@@ -434,13 +438,28 @@ def main() -> int:
             import actors  # noqa: F401  (builds the RedisBroker from the environment above)
 
             broker = dramatiq.get_broker()
-            noop_rate, _ = run_inbox(
-                broker, results, env, dsn, postgres.pgdata, prefill=args.prefill, noop=True
-            )
-            print(f"inbox baseline (bridge -> no-op handler): {noop_rate:.0f} results/s")
-            inbox_rate, applied = run_inbox(
-                broker, results, env, dsn, postgres.pgdata, prefill=args.prefill
-            )
+            # The baseline runs before and after the inbox, each reading every result again
+            # (a consumer of its own): their mean brackets the load the inbox ran under.
+            noop_rates = []
+            for durable in ("bench-noop-before", None, "bench-noop-after"):
+                if durable is None:
+                    inbox_rate, applied = run_inbox(
+                        broker, results, env, dsn, postgres.pgdata, prefill=args.prefill
+                    )
+                    continue
+                noop_rate, _ = run_inbox(
+                    broker,
+                    results,
+                    env,
+                    dsn,
+                    postgres.pgdata,
+                    prefill=args.prefill,
+                    noop=True,
+                    durable=durable,
+                )
+                noop_rates.append(noop_rate)
+                print(f"inbox baseline (bridge -> no-op handler): {noop_rate:.0f} results/s")
+            noop_rate = sum(noop_rates) / len(noop_rates)
             print(
                 f"inbox (bridge -> actor -> Postgres): {inbox_rate:.0f} results/s, "
                 f"{applied} of {results} applied"
@@ -449,6 +468,10 @@ def main() -> int:
                 raise SystemExit(f"inbox applied {applied} of {results} results")
             print(f"RESULT outbox ratio={ours_rate / relay_rate:.2f} target=10")
             print(f"RESULT outbox_batched ratio={ours_rate / batched_rate:.2f} target=0.8")
+            print(
+                f"inbox baseline, mean of before and after: {noop_rate:.0f} results/s; "
+                f"inbox {inbox_rate:.0f} results/s"
+            )
             print(f"RESULT inbox ratio={inbox_rate / noop_rate:.2f} target=0.5")
         finally:
             redis_server.stop()
