@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import dramatiq
 
 from actors import queues
@@ -15,20 +17,32 @@ from mailroom.config_store import effective
 _ROUTES = effective.RuntimeRoutes()
 
 
+#: How long one message keeps taking passes while more final mails wait, in seconds. A pass
+#: re-sent for each batch of a backlog waited behind the mapping queue's batches every time.
+BACKLOG_BUDGET_S = 5.0
+
+
 @dramatiq.actor(queue_name=queues.MAPPING, retry_policy=RetryPolicy(max_attempts=10))
 async def notify_final_mails() -> None:
-    """Create and enqueue the notifications of mails that became final (ARCHITECTURE.md, Notifications)."""
+    """Create and enqueue the notifications of mails that became final (ARCHITECTURE.md, Notifications).
+
+    Passes follow each other (each its own transaction) while mails wait, for up to
+    ``BACKLOG_BUDGET_S``; what is left then gets a pass request of its own.
+    """
     resources = current()
     sessions = await resources.sessions()
-    _, more = await notifications.notify_final_mails(
-        sessions=sessions,
-        redis=await resources.redis(),
-        settings=await _ROUTES.get(
-            sessions,
-            resources.settings.delivery,
-            resources.settings.runtime_config.key.get_secret_value(),
-        ),
-    )
+    deadline = time.monotonic() + BACKLOG_BUDGET_S
+    more = True
+    while more and time.monotonic() < deadline:
+        _, more = await notifications.notify_final_mails(
+            sessions=sessions,
+            redis=await resources.redis(),
+            settings=await _ROUTES.get(
+                sessions,
+                resources.settings.delivery,
+                resources.settings.runtime_config.key.get_secret_value(),
+            ),
+        )
     if more:
         await request_notification_pass()
 

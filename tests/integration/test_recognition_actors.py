@@ -11,6 +11,7 @@ import nats as nats_py
 import pytest
 
 from actors import queues
+from actors.notifications import notify_final_mails
 from actors.recognition import (
     apply_recognition_message,
     apply_recognition_messages,
@@ -355,3 +356,26 @@ async def test_a_mapping_batch_sends_its_poison_on_alone_and_requests_one_notifi
     [dead] = stub_broker.dead_letters
     assert (dead.actor_name, dead.args) == ("map_recognition_result", (str(refs[1].job_id),))
     assert [name for name, _ in sent].count("notify_final_mails") == 1, "two mails, one pass"
+
+
+async def test_a_backlog_of_final_mails_is_notified_by_one_message_in_passes(
+    recognition_factory, recognition_resources, stub_broker, stub_worker, monkeypatch
+):
+    recognition_resources.delivery.notification_batch_size = 2
+    mails = [await recognition_factory.create_mail(status="final") for _ in range(5)]
+    sent: list[str] = []
+    enqueue = stub_broker.enqueue
+
+    def recording_enqueue(message, *, delay=None):
+        sent.append(message.actor_name)
+        return enqueue(message, delay=delay)
+
+    monkeypatch.setattr(stub_broker, "enqueue", recording_enqueue)
+    notify_final_mails.send()
+    await drain(stub_broker, stub_worker)
+
+    rows = await recognition_factory.rows(
+        "SELECT id FROM inbound_mail WHERE notified_at IS NOT NULL"
+    )
+    assert {row["id"] for row in rows} == set(mails)
+    assert sent == ["notify_final_mails"], "three passes in one message, none re-sent"
