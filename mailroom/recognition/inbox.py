@@ -65,10 +65,11 @@ class _Job:
     file_reason: str | None = None
     result_object: tuple[str, str] | None = None
     created_by: str = ""
+    #: The row's id, kept as a field: a batch reads it several times per message.
+    id: uuid.UUID = field(init=False)
 
-    @property
-    def id(self) -> uuid.UUID:
-        return cast(uuid.UUID, self.row["id"])
+    def __post_init__(self) -> None:
+        self.id = cast(uuid.UUID, self.row["id"])
 
     @property
     def status(self) -> str:
