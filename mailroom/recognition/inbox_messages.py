@@ -11,13 +11,12 @@ import logging
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
-import pydantic_core
 from pydantic import ValidationError
 
 from mailroom.errors import InvalidMessage
-from mailroom.recognition.contracts import MSG_ID_HEADER, RecognitionResponse
+from mailroom.recognition.contracts import MSG_ID_HEADER, RecognitionResponse, parse_json_object
 from mailroom.recognition.finality import short_repr
 from mailroom.recognition.violations import (
     FOREIGN_BUCKET,
@@ -79,7 +78,7 @@ def check_size(data: bytes, *, max_bytes: int) -> bool:
 def parse_response(data: bytes) -> RecognitionResponse:
     """The contract message in ``data``; raises ``InvalidMessage`` with a loggable reason."""
     try:
-        body = _json_object(data)
+        body = parse_json_object(data)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise InvalidMessage("not a JSON object", None, kind="not_json") from exc
     try:
@@ -94,19 +93,6 @@ def parse_response(data: bytes) -> RecognitionResponse:
             reason, body.get("job_id"), kind="missing_result_s3", service=service_of(body)
         )
     return response
-
-
-def _json_object(data: bytes) -> dict[str, Any]:
-    """The JSON object in ``data``, read as UTF-8 (RFC 8259) by pydantic's parser.
-
-    About three times faster than ``json.loads`` on a result message. Stricter too: a
-    byte-order mark or UTF-16 (RFC 8259 asks for UTF-8 without one) and a lone surrogate
-    escape (no text column can keep it) make it not JSON.
-    """
-    value = pydantic_core.from_json(data)
-    if not isinstance(value, dict):
-        raise ValueError("not a JSON object")
-    return value
 
 
 def warn_rejected(subject: str, size: int, job_id: object, reason: str) -> None:
