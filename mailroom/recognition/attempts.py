@@ -21,6 +21,8 @@ from contextlib import asynccontextmanager
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from mailroom.recognition.sql_params import text_array, uuid_array
+
 logger = logging.getLogger(__name__)
 
 #: ``metrics`` keys of the counts.
@@ -41,7 +43,7 @@ _COUNT = text(
     WITH locked AS (
         SELECT id, COALESCE(metrics, '{}'::jsonb) AS metrics,
                COALESCE(CAST(metrics ->> CAST(:key AS text) AS integer), 0) + :step AS n
-          FROM recognition_job WHERE id = ANY(:ids) ORDER BY id FOR UPDATE
+          FROM recognition_job WHERE id = ANY(CAST(:ids AS uuid[])) ORDER BY id FOR UPDATE
     )
     UPDATE recognition_job AS j
        SET metrics = CASE WHEN locked.n > 0
@@ -57,7 +59,8 @@ _COUNT = text(
 async def _add(
     session: AsyncSession, job_ids: Collection[uuid.UUID], key: str, step: int
 ) -> dict[uuid.UUID, int]:
-    rows = await session.execute(_COUNT, {"ids": sorted(set(job_ids)), "key": key, "step": step})
+    ids = uuid_array(sorted(set(job_ids)))
+    rows = await session.execute(_COUNT, {"ids": ids, "key": key, "step": step})
     return {job_id: int(attempts) for job_id, attempts in rows}
 
 
@@ -146,6 +149,6 @@ async def held(
         await session.execute(
             text("SELECT set_config('lock_timeout', :timeout, true)"), {"timeout": timeout}
         )
-        ids = sorted({str(job_id) for job_id in job_ids})
+        ids = text_array(sorted({str(job_id) for job_id in job_ids}))
         await session.execute(_HOLD, {"space": HELD_SPACE, "ids": ids})
         yield
