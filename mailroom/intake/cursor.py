@@ -110,17 +110,20 @@ async def claim_cursor(
     """Take the cursor's lease in one short transaction, creating the cursor if missing."""
     async with lease_transaction(sessions) as session:
         now = await clock(session)
-        # Two first polls may race to create the row: the loser's insert does nothing.
-        await session.execute(
-            insert(MailboxCursor)
-            .values(mailbox=mailbox, folder=folder)
-            .on_conflict_do_nothing(index_elements=["mailbox", "folder"])
-        )
-        cursor = await session.scalar(
+        locked = (
             select(MailboxCursor)
             .where(MailboxCursor.mailbox == mailbox, MailboxCursor.folder == folder)
             .with_for_update()
         )
+        cursor = await session.scalar(locked)
+        if cursor is None:  # the first poll: the insert is a round trip every poll would pay
+            # Two first polls may race to create the row: the loser's insert does nothing.
+            await session.execute(
+                insert(MailboxCursor)
+                .values(mailbox=mailbox, folder=folder)
+                .on_conflict_do_nothing(index_elements=["mailbox", "folder"])
+            )
+            cursor = await session.scalar(locked)
         assert cursor is not None  # inserted above or already there
         # This poll was the queued one (or came without a mark): the next pass may send again.
         cursor.poll_queued_at = None
