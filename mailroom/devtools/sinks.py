@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import sys
 import threading
 import time
 from collections import Counter
@@ -73,6 +74,13 @@ class _SinkServer(ThreadingHTTPServer):
     request_queue_size = 256
     #: ``stop`` does not wait for kept-alive connections: their threads end when they close.
     block_on_close = False
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A sender that goes away with its kept-alive connection (a worker stopped or killed)
+        # resets it: that is the end of the connection, not a failure worth a traceback.
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
 
 
 class WebhookSink:

@@ -98,6 +98,21 @@ async def test_consecutive_deliveries_share_one_kept_alive_connection(
     assert sink.connections == 1
 
 
+def test_a_sender_that_resets_its_kept_connection_is_not_a_sink_error(capsys):
+    sink = WebhookSink().start()
+    try:
+        for error in (ConnectionResetError(104, "reset by peer"), ValueError("a real failure")):
+            try:
+                raise error
+            except Exception:
+                sink._server.handle_error(None, ("127.0.0.1", 1))
+    finally:
+        sink.stop()
+    printed = capsys.readouterr().err
+    assert "reset by peer" not in printed
+    assert "ValueError: a real failure" in printed
+
+
 async def test_a_request_arriving_ten_minutes_late_is_refused_as_stale(
     start_sink, deliverer_for, delivery_sessions
 ):
