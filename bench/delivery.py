@@ -8,9 +8,9 @@ process of its own (``bench/http_baseline.py``; it verifies every signature):
   ``webhook`` messages in Postgres with their ids put on the stream once the pool is
   warm; a ``mailroom bridge stream`` subprocess feeds ``deliver_channel_messages``;
   from the first message delivered to the last ``delivered`` row. Baseline: raw httpx
-  POSTs of the same bodies with the same signature headers to the same sink, from as many
-  processes as the pool has, each at a worker process's concurrency (threads x
-  batch_concurrency lanes, at most the webhook account's ``max_in_flight``), all at once.
+  POSTs of the same bodies with the same signature headers to the same sink, from one
+  process, at the deliverer's concurrency (per process: threads x batch_concurrency lanes,
+  at most the 100 connections of its httpx client).
   The 2x8 / 1x8 rate is the scale-out figure, printed with the cores it ran on;
 * bridge ingest: ``StreamBridge`` against a bare loop of batched XREADGROUP +
   one ``deliver_channel_messages`` enqueue per read + pipelined XACK, both in
@@ -54,6 +54,8 @@ CONFIGS = ((1, 8), (2, 8))
 #: Messages per measurement of a full run, and of ``--quick`` (which must end within a minute).
 FULL_MESSAGES = 10_000
 QUICK_MESSAGES = 1_000
+#: Connections of one httpx client by default: the most POSTs one worker process has in flight.
+RAW_CONNECTIONS = 100
 #: Fewest runs of each ingest measurement (short ones, so noisy), best taken.
 INGEST_ROUNDS = 3
 
@@ -227,7 +229,7 @@ class Bench:
     def measure_http(self, processes: int, threads: int) -> tuple[float, float]:
         """Webhooks delivered to the sink per second, and raw POSTs of the same bodies to it
         at the deliverer's concurrency (per process: lanes, at most its client's connections)."""
-        from mailroom.settings import DeliverySettings, WebhookAccount
+        from mailroom.settings import DeliverySettings
 
         self.reset()
         n = self.messages
@@ -251,35 +253,25 @@ class Bench:
             phases(boot=warm - began, first=start - warm, delivery=end - start)
         finally:
             phases(stop=self.stop(bridge, workers))
-        # Each worker process sends through one httpx client per account, with at most the
-        # account's max_in_flight POSTs in flight, whatever its lanes: so does each raw sender.
+        # Each worker process sends through one pooled httpx client (100 connections, httpx's
+        # default): at most that many POSTs in flight per process, whatever the lanes.
         lanes = threads * DeliverySettings().batch_concurrency
-        concurrency = min(lanes, WebhookAccount.model_fields["max_in_flight"].default)
-        share = n // processes
-        senders = [
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    str(HERE / "http_baseline.py"),
-                    "posts",
-                    self.sink_url,
-                    self.sink_secret,
-                    str(share),
-                    str(concurrency),
-                    str(1 + index * share),
-                ],
-                stdout=subprocess.PIPE,
-                text=True,
-            )
-            for index in range(processes)
-        ]
-        seconds = []
-        for sender in senders:
-            out, _ = sender.communicate()
-            if sender.returncode != 0:
-                raise SystemExit(f"raw POSTs failed (exit {sender.returncode})")
-            seconds.append(float(out.strip()))
-        return n / (end - start), share * processes / max(seconds)
+        concurrency = processes * min(lanes, RAW_CONNECTIONS)
+        raw = subprocess.run(
+            [
+                sys.executable,
+                str(HERE / "http_baseline.py"),
+                "posts",
+                self.sink_url,
+                self.sink_secret,
+                str(n),
+                str(concurrency),
+            ],
+            capture_output=True,
+            check=True,
+            text=True,
+        )
+        return n / (end - start), float(raw.stdout.strip())
 
     def bare_ingest(self) -> float:
         from mailroom.settings import DeliverySettings

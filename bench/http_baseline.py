@@ -3,9 +3,9 @@
 * ``sink PORT SECRET``: a webhook sink that verifies every signature as the dev sink
   does (``mailroom.webhooks.verify``) and answers 200, over HTTP/1.1 keep-alive,
   until SIGTERM;
-* ``posts URL SECRET COUNT CONCURRENCY [FIRST]``: the raw baseline, httpx POSTs of the
-  bodies the webhook channel sends (same JSON, same signature headers) at a concurrency,
-  numbered from FIRST (default 1); prints the seconds they took.
+* ``posts URL SECRET COUNT CONCURRENCY``: the raw baseline, httpx POSTs of the bodies
+  the webhook channel sends (same JSON, same signature headers) at a concurrency;
+  prints the rate in POSTs per second.
 """
 
 from __future__ import annotations
@@ -60,14 +60,13 @@ def run_sink(port: int, secret: str) -> None:
     asyncio.run(main())
 
 
-async def posts(url: str, secret: str, count: int, concurrency: int, first: int = 1) -> float:
-    """Seconds ``count`` POSTs took at ``concurrency`` in flight over one client."""
+async def posts(url: str, secret: str, count: int, concurrency: int) -> float:
     import httpx
 
     from mailroom import webhooks
 
     queue: asyncio.Queue[int] = asyncio.Queue()
-    for n in range(first, first + count):
+    for n in range(1, count + 1):
         queue.put_nowait(n)
 
     async def post_all(client: httpx.AsyncClient) -> None:
@@ -94,7 +93,7 @@ async def posts(url: str, secret: str, count: int, concurrency: int, first: int 
     async with httpx.AsyncClient(timeout=30, trust_env=False, limits=limits) as client:
         started = time.perf_counter()
         await asyncio.gather(*(post_all(client) for _ in range(concurrency)))
-        return time.perf_counter() - started
+        return count / (time.perf_counter() - started)
 
 
 if __name__ == "__main__":
@@ -102,5 +101,4 @@ if __name__ == "__main__":
         run_sink(int(sys.argv[2]), sys.argv[3])
     else:
         url, secret, count, concurrency = sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
-        first = int(sys.argv[6]) if len(sys.argv) > 6 else 1
-        print(f"{asyncio.run(posts(url, secret, int(count), int(concurrency), first)):.4f}")
+        print(f"{asyncio.run(posts(url, secret, int(count), int(concurrency))):.1f}")

@@ -21,12 +21,6 @@ from mailroom.settings_oauth import AuthKind, OAuthSettings, check_login
 class WebhookAccount(StrictModel):
     url: str
     timeout_s: float = 10.0
-    #: Requests to this account in flight at once from one worker process; more sends wait
-    #: their turn. httpx's pool slows with every request it juggles (to a local endpoint one
-    #: client did ~500 POSTs/s with 8 in flight, ~270 with 16, ~105 with 100), so the lanes of
-    #: a batch queue here; raise it for an endpoint far enough away that latency, not the
-    #: client, sets the pace.
-    max_in_flight: int = Field(default=16, gt=0)
     #: Active signing secrets (``whsec_<base64 key>``, or a raw string of 16+ bytes); each signs
     #: every request (``webhook-signature``), so a new one can be added before the old one goes.
     #: A single ``secret`` key is still read as a list of one.

@@ -6,7 +6,6 @@ answers 401 with the reason to a missing, stale or forged signature.
 
 from __future__ import annotations
 
-import asyncio
 import ssl
 import threading
 import time
@@ -301,58 +300,3 @@ async def test_a_certificate_for_another_name_is_refused(https_receiver):
     with pytest.raises(ChannelUnavailable, match="ConnectError"):
         await send_over_https(port, ca_file)
     assert hosts == []
-
-
-class _SlowReceiver(ThreadingHTTPServer):
-    """Answers every POST after a short wait, counting the requests in flight at once."""
-
-    daemon_threads = True
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.in_flight = self.most_in_flight = self.answered = 0
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def do_POST(self) -> None:
-                self.rfile.read(int(self.headers.get("Content-Length", "0")))
-                with receiver.lock:
-                    receiver.in_flight += 1
-                    receiver.most_in_flight = max(receiver.most_in_flight, receiver.in_flight)
-                time.sleep(0.1)
-                with receiver.lock:
-                    receiver.in_flight -= 1
-                    receiver.answered += 1
-                self.send_response(200)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, format: str, *args: object) -> None:
-                return None
-
-        super().__init__(("127.0.0.1", 0), Handler)
-
-
-async def test_sends_past_the_accounts_limit_wait_their_turn():
-    receiver = _SlowReceiver()
-    thread = threading.Thread(target=receiver.serve_forever, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{receiver.server_address[1]}/hook"
-    settings = DeliverySettings(
-        webhook_accounts={"default": WebhookAccount(url=url, max_in_flight=2)},
-        webhook_allowed_hosts=["127.0.0.1"],
-        webhook_allow_http=True,
-    )
-    channel = WebhookChannel("default", settings)
-    envelopes = [Envelope(n, "webhook", "default", "ops", "s", "b", 1, 1) for n in range(6)]
-    try:
-        await asyncio.gather(*(channel.send(envelope) for envelope in envelopes))
-    finally:
-        await channel.aclose()
-        receiver.shutdown()
-        receiver.server_close()
-        thread.join(5)
-    assert receiver.answered == 6
-    assert receiver.most_in_flight == 2

@@ -57,16 +57,8 @@ class WebhookChannel:
         self.account: WebhookAccount = found
         self.allow = settings.webhook_allow_list
         self._client = httpx.AsyncClient(
-            timeout=found.timeout_s,
-            follow_redirects=False,
-            trust_env=False,
-            limits=httpx.Limits(
-                max_connections=found.max_in_flight, max_keepalive_connections=found.max_in_flight
-            ),
+            timeout=found.timeout_s, follow_redirects=False, trust_env=False
         )
-        # Sends past the account's limit wait here, not in httpx's pool, whose work per
-        # request grows with the requests waiting in it.
-        self._in_flight = asyncio.Semaphore(found.max_in_flight)
 
     async def send(self, envelope: Envelope) -> str | None:
         body = json.dumps(
@@ -86,12 +78,6 @@ class WebhookChannel:
             headers |= webhooks.signature_headers(secrets, envelope.idempotency_key, body)
         for name, value in headers.items():
             outbound.check_header_value(name, value)
-        async with self._in_flight:
-            response = await self._post(body, headers)
-        _check(response)
-        return provider_id(response)
-
-    async def _post(self, body: bytes, headers: dict[str, str]) -> httpx.Response:
         targets = await self._pinned_targets(headers)
         for index, (url, extensions) in enumerate(targets):
             try:
@@ -108,7 +94,8 @@ class WebhookChannel:
             except httpx.TransportError as exc:
                 detail = f"{type(exc).__name__}: {exc}"
                 raise ChannelUnavailable(f"webhook unreachable: {detail}") from exc
-        return response
+        _check(response)
+        return provider_id(response)
 
     async def aclose(self) -> None:
         await self._client.aclose()
