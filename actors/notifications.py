@@ -31,12 +31,14 @@ async def notify_final_mails() -> None:
     """
     resources = current()
     sessions = await resources.sessions()
+    redis = await resources.redis()
     deadline = time.monotonic() + BACKLOG_BUDGET_S
     more = True
     while more and time.monotonic() < deadline:
+        # Routes per pass: their version check is one read, and a route changed meanwhile counts.
         _, more = await notifications.notify_final_mails(
             sessions=sessions,
-            redis=await resources.redis(),
+            redis=redis,
             settings=await _ROUTES.get(
                 sessions,
                 resources.settings.delivery,

@@ -2,7 +2,8 @@
 
 Each mail is one statement; a group of mails is pipelined in one transaction
 (intake's throughput is bound by round trips and CPU, and a commit per mail cost
-Postgres as much as the statement), or one transaction per mail when the group fails. The data-modifying CTEs run on one snapshot:
+Postgres as much as the statement), or one transaction per mail when the group
+fails. The data-modifying CTEs run on one snapshot:
 
 - ``fence`` moves ``last_uid`` only while our lease holds; no row means the
   lease is lost and every insert below is gated off (``go`` is empty);
@@ -220,43 +221,67 @@ async def store_mails(
     if not pg.autocommit:
         raise RuntimeError("store_mails needs an autocommit connection")
     if len(writes) > 1:
-        together = await _store_together(pg, writes)
-        if together is not None:
-            return together, None
-    return await _store_one_by_one(pg, writes)
+        results, error = await _pipelined(pg, writes, together=True)
+        if error is None:
+            return _checked(results, None, writes)
+        # The state only, never the message: Postgres quotes failing rows, mail headers included.
+        logger.info(
+            "a group of %d mails failed together (%s, SQLSTATE %s); storing them one by one",
+            len(writes),
+            type(error).__name__,
+            error.sqlstate,
+        )
+    results, error = await _pipelined(pg, writes, together=False)
+    return _checked(results, error, writes)
 
 
 def _statement(write: MailWrite) -> str:
     return STORE_MAIL_WITHOUT_ID if write.mail["message_id"] is None else STORE_MAIL_WITH_ID
 
 
-async def _store_together(
-    pg: psycopg.AsyncConnection[Any], writes: list[MailWrite]
-) -> list[StoreResult] | None:
-    """The mails in one transaction and one pipeline; None when it failed and was rolled back."""
-    stores: list[psycopg.AsyncCursor[Any]] = []
+async def _pipelined(
+    pg: psycopg.AsyncConnection[Any], writes: list[MailWrite], *, together: bool
+) -> tuple[list[StoreResult], psycopg.Error | None]:
+    """The mails in one pipeline and one Sync: the results of those committed, and the error.
+
+    ``BEGIN``, then each mail's statement, followed by ``COMMIT AND CHAIN`` (a transaction per
+    mail) unless ``together``, and a plain ``COMMIT`` after the last. Postgres skips everything
+    after the first error, so the mails committed are those before the last ``COMMIT`` that
+    went through (together: all or none), and the error is that of the mail after them.
+    """
+    sent: list[tuple[psycopg.AsyncCursor[Any], psycopg.AsyncCursor[Any] | None]] = []
+    error: psycopg.Error | None = None
     try:
         async with pg.pipeline():
             await pg.execute("BEGIN")
-            for write in writes:
-                stores.append(
-                    await pg.cursor().execute(_statement(write), write.params(), prepare=True)
-                )
-            commit = await pg.execute("COMMIT")
+            for number, write in enumerate(writes, start=1):
+                store = await pg.cursor().execute(_statement(write), write.params(), prepare=True)
+                if number == len(writes):
+                    end: str | None = "COMMIT"
+                elif together:
+                    end = None
+                else:  # AND CHAIN opens the next mail's transaction at once: one command less
+                    end = "COMMIT AND CHAIN"
+                sent.append((store, await pg.execute(end) if end else None))
     except psycopg.Error as exc:
-        # The state only, never the message: Postgres quotes failing rows, mail headers included.
-        logger.info(
-            "a group of %d mails failed together (%s, SQLSTATE %s); storing them one by one",
-            len(writes),
-            type(exc).__name__,
-            exc.sqlstate,
-        )
-        if not pg.closed:
-            await pg.rollback()
-        return None
-    if commit.statusmessage != "COMMIT":
-        raise RuntimeError(f"Postgres answered {commit.statusmessage!r} to a group's COMMIT")
-    return [_result(await store.fetchone()) for store in stores]
+        error = exc
+    if error is not None and not pg.closed:
+        await pg.rollback()  # the failed transaction block, if it is still open
+    committed = max(
+        (n for n, (_, end) in enumerate(sent, start=1) if end and end.statusmessage == "COMMIT"),
+        default=0,
+    )
+    return [_result(await store.fetchone()) for store, _ in sent[:committed]], error
+
+
+def _checked(
+    results: list[StoreResult], error: psycopg.Error | None, writes: list[MailWrite]
+) -> tuple[list[StoreResult], psycopg.Error | None]:
+    if error is None and len(results) < len(writes):
+        raise RuntimeError("Postgres acknowledged fewer mails than were sent")
+    if error is not None and len(results) == len(writes):
+        raise error  # every mail committed: the failure is not one of theirs
+    return results, error
 
 
 def _result(row: Any) -> StoreResult:
@@ -266,39 +291,3 @@ def _result(row: Any) -> StoreResult:
     return StoreResult(
         fenced=bool(fenced), duplicate=bool(duplicate), mail_id=mail_id, jobs=int(jobs)
     )
-
-
-async def _store_one_by_one(
-    pg: psycopg.AsyncConnection[Any], writes: list[MailWrite]
-) -> tuple[list[StoreResult], psycopg.Error | None]:
-    """Each mail in its own transaction, all sent in one pipeline.
-
-    The pipeline is ``BEGIN``, then for each mail its statement and ``COMMIT AND CHAIN`` (a
-    plain ``COMMIT`` for the last), and one Sync: Postgres skips everything after the first
-    error, so the results are those of the mails committed, in order, and the error is that
-    of the mail after them.
-    """
-    sent: list[tuple[psycopg.AsyncCursor[Any], psycopg.AsyncCursor[Any]]] = []
-    error: psycopg.Error | None = None
-    try:
-        async with pg.pipeline():
-            await pg.execute("BEGIN")
-            for number, write in enumerate(writes, start=1):
-                store = await pg.cursor().execute(_statement(write), write.params(), prepare=True)
-                # AND CHAIN opens the next mail's transaction at once: one command less per mail.
-                end = "COMMIT AND CHAIN" if number < len(writes) else "COMMIT"
-                sent.append((store, await pg.execute(end)))
-    except psycopg.Error as exc:
-        error = exc
-    if error is not None and not pg.closed:
-        await pg.rollback()  # the failed mail's transaction block, if it is still open
-    results: list[StoreResult] = []
-    for store, commit in sent:
-        if commit.statusmessage != "COMMIT":
-            break
-        results.append(_result(await store.fetchone()))
-    if error is None and len(results) < len(writes):
-        raise RuntimeError("Postgres acknowledged fewer mails than were sent")
-    if error is not None and len(results) == len(writes):
-        raise error  # every mail committed: the failure is not one of theirs
-    return results, error
