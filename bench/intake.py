@@ -42,6 +42,7 @@ from pathlib import Path
 
 import durability  # bench/, on the path when run as a script
 from imapclient import IMAPClient
+from stages import ProcessCpu  # bench/, as durability
 
 from mailroom.adapters.imap import ImapMailbox
 from mailroom.adapters.storage import build_store
@@ -283,38 +284,16 @@ class _OtherCpu:
     """
 
     def __init__(self, postmaster_pid_file: Path, pymap_pid: int) -> None:
-        self._postmaster = int(postmaster_pid_file.read_text().split()[0])
-        self._pymap = pymap_pid
-        self._start = self._now()
-
-    def _now(self) -> tuple[float, float]:
-        postgres = _cpu_s(self._postmaster, reaped=True)
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                if int(_stat_fields(stat)[1]) == self._postmaster:
-                    postgres += _cpu_s(int(stat.parent.name), reaped=False)
-            except (OSError, IndexError, ValueError):
-                continue  # gone meanwhile
-        return postgres, _cpu_s(self._pymap, reaped=False)
+        postmaster = int(postmaster_pid_file.read_text().split()[0])
+        self._cpu = ProcessCpu({"postgres": postmaster, "pymap": pymap_pid})
 
     def per_mail(self, mails: int) -> str:
-        postgres, pymap = (b - a for a, b in zip(self._start, self._now(), strict=True))
+        used = self._cpu.since_start()
+        postgres, pymap = used["postgres"], used["pymap"]
         return (
             f"  Postgres {postgres / mails * 1000:.2f} ms and pymap {pymap / mails * 1000:.2f} ms"
             " CPU per mail (user + system)"
         )
-
-
-def _stat_fields(stat: Path) -> list[str]:
-    """/proc/PID/stat after the command name: state, ppid, …"""
-    return stat.read_text().rsplit(")", 1)[1].split()
-
-
-def _cpu_s(pid: int, *, reaped: bool) -> float:
-    """User + system CPU seconds of ``pid``, and of its ended children when ``reaped``."""
-    fields = _stat_fields(Path(f"/proc/{pid}/stat"))
-    ticks = sum(int(f) for f in fields[11 : 15 if reaped else 13])
-    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def make_big_mail() -> bytes:

@@ -53,7 +53,7 @@ sys.path.insert(0, str(ROOT))
 
 import baselines  # noqa: E402
 import durability  # noqa: E402
-import intake as intake_bench  # noqa: E402  (its /proc CPU readers)
+from stages import ProcessCpu  # noqa: E402
 
 from mailroom.devtools.stack import EmbeddedNats, EmbeddedPostgres, EmbeddedRedis  # noqa: E402
 from mailroom.migrate import upgrade  # noqa: E402
@@ -298,17 +298,14 @@ def run_inbox(
         wait_for(lambda: queued_results(broker) >= count, "bridge prefill", poll_s=0.2)
         print(f"bridge enqueued {count} in {time.perf_counter() - t0:.2f}s (incl. startup)")
         timing.since = time.time()
-    cpu_before = (time.process_time(), postgres_cpu_s(pgdata))
+    postmaster = int((pgdata / "postmaster.pid").read_text().split()[0])
+    cpu = ProcessCpu({"postgres": postmaster}, own={"worker": os.getpid()})
     worker.start()
     try:
         wait_for(lambda: timing.done >= count, "inbox results applied")
-        bridge_s = intake_bench._cpu_s(bridge.pid, reaped=False)
-        worker_s, postgres_s = (
-            after - before
-            for before, after in zip(
-                cpu_before, (time.process_time(), postgres_cpu_s(pgdata)), strict=True
-            )
-        )
+        bridge_s = ProcessCpu({"bridge": bridge.pid}).base["bridge"]  # since its start
+        used = cpu.since_start()
+        worker_s, postgres_s = used["worker"], used["postgres"]
         print(
             f"  CPU per result: bridge {bridge_s / count * 1e6:.0f} us (with its start), "
             f"worker {worker_s / count * 1e6:.0f} us, Postgres {postgres_s / count * 1e6:.0f} us"
@@ -334,19 +331,6 @@ def run_inbox(
         f"({timing.done / batches:.0f} per message) in {timing.seconds():.2f}s"
     )
     return timing.rate(), int(applied[0]) if applied else 0
-
-
-def postgres_cpu_s(pgdata: Path) -> float:
-    """CPU seconds of the Postgres server: its processes, and its backends that ended."""
-    postmaster = int((pgdata / "postmaster.pid").read_text().split()[0])
-    total = intake_bench._cpu_s(postmaster, reaped=True)
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            if int(intake_bench._stat_fields(stat)[1]) == postmaster:
-                total += intake_bench._cpu_s(int(stat.parent.name), reaped=False)
-        except (OSError, IndexError, ValueError):
-            continue  # gone meanwhile
-    return total
 
 
 def queued_results(broker: Any) -> int:
