@@ -1,85 +1,86 @@
-"""Stage counters and per-process CPU for whole-system benchmarks (``bench/e2e.py``).
+"""Stage times and per-process CPU for whole-system benchmarks (``bench/e2e.py``).
 
-``StageSampler`` reads, once a second, how many of a run's mails each stage has
-passed (from Postgres, and the webhook sink's arrivals), so a drain shows which
-stage is the slowest; ``ProcessCpu`` sums user + system CPU of each Mailroom
-process and its children (Dramatiq forks its workers) for a CPU cost per mail.
+``StageTimes`` reads, once the drain is over, when each of a run's mails passed each
+stage — from the rows' own timestamps in Postgres, and the webhook sink's arrivals —
+so a drain shows which stage is the slowest without loading the system it measures
+(a query per second over the growing tables cost Postgres more CPU than the pipeline
+did by the end of a 20,000-mail run). ``ProcessCpu`` sums user + system CPU of each
+Mailroom process and its children (Dramatiq forks its workers) for a CPU cost per mail.
 """
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Callable
+from bisect import bisect_right
 from dataclasses import dataclass, field
 
 import psutil
 import psycopg
 
-#: Each stage's count of mails whose subject starts with a prefix (``%s``).
+#: Per mail whose subject starts with a prefix, the seconds after ``t0`` at which it was
+#: stored, first published, acked (or answered without an ack), answered, mapped to a
+#: document and notified: the first of each over the mail's jobs, files and messages.
 STAGE_SQL = """
-SELECT
-  (SELECT count(*) FROM inbound_mail m WHERE m.subject LIKE %(p)s),
-  (SELECT count(*) FROM recognition_job j JOIN stored_file f ON f.id = j.file_id
-     JOIN inbound_mail m ON m.id = f.mail_id
-     WHERE m.subject LIKE %(p)s AND j.published_at IS NOT NULL),
-  (SELECT count(*) FROM recognition_job j JOIN stored_file f ON f.id = j.file_id
-     JOIN inbound_mail m ON m.id = f.mail_id
-     WHERE m.subject LIKE %(p)s AND (j.started_at IS NOT NULL OR j.finished_at IS NOT NULL)),
-  (SELECT count(*) FROM recognition_job j JOIN stored_file f ON f.id = j.file_id
-     JOIN inbound_mail m ON m.id = f.mail_id
-     WHERE m.subject LIKE %(p)s AND j.finished_at IS NOT NULL),
-  (SELECT count(*) FROM document d JOIN stored_file f ON f.id = d.file_id
-     JOIN inbound_mail m ON m.id = f.mail_id WHERE m.subject LIKE %(p)s),
-  (SELECT count(*) FROM channel_message c JOIN inbound_mail m ON m.id = c.mail_id
-     WHERE m.subject LIKE %(p)s)
+SELECT m.subject,
+       EXTRACT(EPOCH FROM m.created_at - %(t0)s),
+       EXTRACT(EPOCH FROM min(j.published_at) - %(t0)s),
+       EXTRACT(EPOCH FROM min(COALESCE(j.started_at, j.finished_at)) - %(t0)s),
+       EXTRACT(EPOCH FROM min(j.finished_at) - %(t0)s),
+       EXTRACT(EPOCH FROM min(d.created_at) - %(t0)s),
+       EXTRACT(EPOCH FROM min(c.created_at) - %(t0)s)
+  FROM inbound_mail m
+  LEFT JOIN stored_file f ON f.mail_id = m.id
+  LEFT JOIN recognition_job j ON j.file_id = f.id
+  LEFT JOIN document d ON d.file_id = f.id
+  LEFT JOIN channel_message c ON c.mail_id = m.id
+ WHERE m.subject LIKE %(p)s
+ GROUP BY m.id
 """
 STAGES = ("stored", "published", "acked", "applied", "documents", "notified", "delivered")
 
 
 @dataclass
-class StageSampler:
-    """Samples the stage counts of mails with a subject prefix in a thread."""
+class StageTimes:
+    """When each mail with a subject prefix passed each stage, in seconds from ``start``."""
 
     dsn: str
     prefix: str
-    delivered: Callable[[], int]
-    interval_s: float = 1.0
-    samples: list[tuple[float, tuple[int, ...]]] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
+    #: Per stage, the offsets of the mails that passed it, sorted.
+    times: dict[str, list[float]] = field(default_factory=dict)
 
-    def start(self) -> StageSampler:
+    def start(self) -> StageTimes:
+        """Mark the start: the database's clock for the rows, this process's for arrivals."""
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            row = conn.execute("SELECT now()").fetchone()
+        assert row is not None
+        self.t0 = row[0]
         self.started = time.monotonic()
-        self._thread = threading.Thread(target=self._run, name="stages", daemon=True)
-        self._thread.start()
         return self
 
-    def _run(self) -> None:
+    def collect(self, arrivals: dict[str, float]) -> StageTimes:
+        """Read the stage times (after the drain: one query, nothing while it runs)."""
         with psycopg.connect(self.dsn, autocommit=True) as conn:
-            while not self._stop.is_set():
-                row = conn.execute(STAGE_SQL, {"p": f"{self.prefix}%"}).fetchone()
-                assert row is not None
-                counts = (*(int(v) for v in row), self.delivered())
-                self.samples.append((time.monotonic() - self.started, counts))
-                self._stop.wait(self.interval_s)
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(10)
+            rows = conn.execute(STAGE_SQL, {"p": f"{self.prefix}%", "t0": self.t0}).fetchall()
+        columns = list(zip(*(row[1:] for row in rows), strict=True)) if rows else []
+        self.times = {
+            stage: sorted(float(t) for t in column if t is not None)
+            for stage, column in zip(STAGES[:-1], columns, strict=False)
+        }
+        self.times["delivered"] = sorted(
+            t - self.started for subject, t in arrivals.items() if subject.startswith(self.prefix)
+        )
+        return self
 
     def report(self, total: int) -> list[str]:
         """One line per stage: when it started and finished, and its rate meanwhile."""
         lines = []
-        for index, stage in enumerate(STAGES):
-            first = next((t for t, c in self.samples if c[index] > 0), None)
-            done = next((t for t, c in self.samples if c[index] >= total), None)
-            last_t, last_c = self.samples[-1] if self.samples else (0.0, (0,) * len(STAGES))
-            end = done if done is not None else last_t
-            count = total if done is not None else last_c[index]
+        for stage in STAGES:
+            times = self.times.get(stage, [])
+            first = times[0] if times else None
+            done = times[-1] if len(times) >= total else None
+            end = done if done is not None else (times[-1] if times else 0.0)
             span = max(end - (first or 0.0), 1e-9)
-            rate = count / span if first is not None else 0.0
+            rate = min(len(times), total) / span if first is not None else 0.0
             lines.append(
                 f"  {stage:<10} first at {first or 0:6.1f}s, all at "
                 f"{'-' if done is None else f'{done:6.1f}s'}, {rate:7.1f} mails/s while running"
@@ -88,11 +89,12 @@ class StageSampler:
 
     def timeline(self, every_s: float = 10.0) -> list[str]:
         """The counts every ``every_s`` seconds, to see a stage fall behind."""
-        lines, next_t = [], 0.0
-        for t, counts in self.samples:
-            if t >= next_t:
-                lines.append(f"  {t:6.1f}s " + " ".join(f"{n:6d}" for n in counts))
-                next_t = t + every_s
+        last = max((times[-1] for times in self.times.values() if times), default=0.0)
+        lines, t = [], 0.0
+        while t <= last + every_s:
+            counts = [bisect_right(self.times.get(stage, []), t) for stage in STAGES]
+            lines.append(f"  {t:6.1f}s " + " ".join(f"{n:6d}" for n in counts))
+            t += every_s
         return ["  time    " + " ".join(f"{s[:6]:>6}" for s in STAGES), *lines]
 
 
