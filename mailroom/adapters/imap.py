@@ -16,6 +16,7 @@ import concurrent.futures
 import contextvars
 import imaplib
 import logging
+import socket
 import ssl
 import threading
 from collections.abc import Callable, Iterator
@@ -204,6 +205,7 @@ class ImapMailbox:
                 raise MailboxUnavailable("connection closed while connecting")
             # Keep the connection even if STARTTLS or LOGIN fails, so close() can end it.
             self._client = client
+        _no_delay(client)
         client.normalise_times = False  # aware datetimes, not local naive ones
         if s.security == "starttls":
             client.starttls(context)
@@ -405,6 +407,20 @@ def _login(client: IMAPClient, settings: MailboxSettings) -> None:
     except LoginError as exc:
         oauth.TOKENS.invalidate(settings.oauth, token)
         raise LoginError(f"{settings.auth.upper()} token refused: {exc}") from exc
+
+
+def _no_delay(client: IMAPClient) -> None:
+    """Send each command at once (TCP_NODELAY).
+
+    imapclient writes a SEARCH in two pieces, the command and then its CRLF; with Nagle's
+    algorithm the second waits for the server to acknowledge the first, which a server
+    delays by up to 40 ms (delayed ACK): every SEARCH took about 45 ms against pymap
+    where it needs 2. The option lives on the socket, so it holds under TLS and STARTTLS.
+    """
+    try:
+        client.socket().setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    except OSError as exc:  # not a TCP socket (a test double), or already closed
+        logger.debug("IMAP TCP_NODELAY not set: %r", exc)
 
 
 def _shutdown_quietly(client: IMAPClient) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import ssl
 import uuid
 
@@ -99,6 +100,24 @@ async def test_fetched_mail_stays_unread(mail_server, mail_folder):
         other.select_folder(mail_folder, readonly=True)
         flags = other.get_flags(uids)
     assert all(b"\\Seen" not in flags[uid] for uid in uids), flags
+
+
+def _sends_at_once(box: ImapMailbox) -> bool:
+    """Nagle's algorithm is off: a command written in pieces is not held back for an ACK."""
+    assert box._client is not None
+    return bool(box._client.socket().getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+
+
+@on_every_server
+async def test_commands_are_sent_at_once(mail_server, mail_folder):
+    # imapclient writes a SEARCH as the command, then its CRLF: with Nagle on, the CRLF
+    # waited for the server's delayed ACK, about 40 ms for every SEARCH.
+    box = ImapMailbox(mail_server.mailbox_settings("m", mail_folder))
+    await box.connect()
+    try:
+        assert _sends_at_once(box)
+    finally:
+        await box.close()
 
 
 @on_every_server
@@ -231,6 +250,7 @@ async def test_starttls_with_the_servers_ca_connects(tls_server):
         await box.select(folder)
         assert len(await box.uids_above(0)) == 1
         assert box._client._imap.sock.version().startswith("TLS")
+        assert _sends_at_once(box)
     finally:
         await box.close()
 
@@ -299,6 +319,7 @@ async def test_implicit_tls_with_the_servers_ca_reads_the_folder(tls_server, ima
         subjects = [line for m in fetched for line in m.raw.splitlines() if b"Subject:" in line]
         assert subjects == [b"Subject: mail 1", b"Subject: mail 2"]
         assert box._client._imap.sock.version().startswith("TLS")
+        assert _sends_at_once(box)
     finally:
         await box.close()
 
