@@ -108,6 +108,8 @@ class ReferenceRecognizer:
         self._tasks: set[asyncio.Task[None]] = set()
         self._slots = asyncio.Semaphore(MAX_CONCURRENCY)
         self._nc: NatsConnection | None = None
+        #: The flush the answers published since it was begun wait for (see ``_flush``).
+        self._next_flush: asyncio.Future[None] | None = None
         self._subs: list[Subscription] = []
         self._stopping = False
         #: Set when the NATS connection closed for good (not by ``stop``).
@@ -361,7 +363,7 @@ class ReferenceRecognizer:
         )
         try:
             await self._publish(answer, result_msg_id(job_id, attempt))
-            await self._connection().flush()
+            await self._flush()
         except (AppError, nats.errors.Error, OSError) as exc:
             logger.warning(
                 "recognizer: job %s refusal not published: %s", job_id, type(exc).__name__
@@ -384,7 +386,7 @@ class ReferenceRecognizer:
         try:
             for _ in range(copies):
                 await self._publish(answer, msg_id)
-            await self._connection().flush()
+            await self._flush()
         except (AppError, nats.errors.Error, OSError) as exc:
             # The answer stays remembered: the publisher's republish gets it next time.
             logger.warning(
@@ -403,10 +405,33 @@ class ReferenceRecognizer:
             self.results_subject, dump(response), headers={MSG_ID_HEADER: msg_id}
         )
 
+    async def _flush(self) -> None:
+        """Return once the server has every answer published before this call.
+
+        A flush is a PING and its PONG, after the publishes buffered before it. The answers
+        published while one is due share it: the first starts it, it is begun on the loop's
+        next turn, and answers published after that wait for the next one.
+        """
+        if self._next_flush is None:
+            self._next_flush = asyncio.ensure_future(self._flush_shared())
+            # Read by whoever still waits; marked retrieved for when all of them were cancelled.
+            self._next_flush.add_done_callback(_retrieved)
+        await asyncio.shield(self._next_flush)
+
+    async def _flush_shared(self) -> None:
+        await asyncio.sleep(0)  # the answers published in this turn join
+        self._next_flush = None  # those from now on wait for a flush begun after them
+        await self._connection().flush()
+
     def _connection(self) -> NatsConnection:
         if self._nc is None:
             raise AppError("the recognizer is not connected")
         return self._nc
+
+
+def _retrieved(future: asyncio.Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def result_key(job_id: uuid.UUID, attempt: int) -> str:

@@ -491,3 +491,20 @@ async def test_recognizer_is_usable_as_an_async_context_manager(
         await recognizer_client.submit(INVOICE_CSV, file_type="csv")
         await recognizer_client.ack_and_result()
     assert recognizer.extractions == 1
+
+
+async def test_answers_published_together_share_one_flush(start_recognizer):
+    recognizer = await start_recognizer()
+    connection = recognizer._connection()
+    flush, flushes = connection.flush, []
+
+    async def counted_flush(*args: object, **kwargs: object) -> None:
+        flushes.append(1)
+        await flush(*args, **kwargs)
+
+    connection.flush = counted_flush  # type: ignore[method-assign]
+    await asyncio.gather(*(recognizer._flush() for _ in range(5)))
+    assert len(flushes) == 1  # one PING for the five answers of one turn
+
+    await recognizer._flush()
+    assert len(flushes) == 2  # a later answer waits for a flush begun after it
