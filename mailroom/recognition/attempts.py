@@ -21,6 +21,7 @@ from contextlib import asynccontextmanager
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from mailroom.db import autocommit
 from mailroom.recognition.sql_params import text_array, uuid_array
 
 logger = logging.getLogger(__name__)
@@ -38,6 +39,8 @@ INBOX_BATCH_ATTEMPTS = "inbox_batch_attempts"
 
 # Rows locked in id order, so two batches counting the same jobs wait instead of deadlocking.
 # A count back at zero leaves no key: a job nothing ever died on keeps the metrics it had.
+# The ``= ANY`` steers the planner to the primary key (it cannot size the CTE, and would
+# join it to a scan of the whole table).
 _COUNT = text(
     """
     WITH locked AS (
@@ -50,18 +53,20 @@ _COUNT = text(
                           THEN jsonb_set(locked.metrics, ARRAY[CAST(:key AS text)], to_jsonb(locked.n))
                           ELSE locked.metrics - CAST(:key AS text) END
       FROM locked
-     WHERE j.id = locked.id
+     WHERE j.id = locked.id AND j.id = ANY(CAST(:ids AS uuid[]))
     RETURNING j.id, GREATEST(locked.n, 0) AS attempts
     """
 )
 
 
 async def _add(
-    session: AsyncSession, job_ids: Collection[uuid.UUID], key: str, step: int
+    sessions: async_sessionmaker[AsyncSession], job_ids: Collection[uuid.UUID], key: str, step: int
 ) -> dict[uuid.UUID, int]:
+    """One statement, committed on its own: in autocommit, no ``BEGIN`` / ``COMMIT`` round trips."""
     ids = uuid_array(sorted(set(job_ids)))
-    rows = await session.execute(_COUNT, {"ids": ids, "key": key, "step": step})
-    return {job_id: int(attempts) for job_id, attempts in rows}
+    async with autocommit(sessions) as connection:
+        rows = await connection.execute(_COUNT, {"ids": ids, "key": key, "step": step})
+        return {job_id: int(attempts) for job_id, attempts in rows}
 
 
 async def count_attempts(
@@ -70,8 +75,7 @@ async def count_attempts(
     """Count one attempt on each job, committed; each job's attempts so far, this one included."""
     if not job_ids:
         return {}
-    async with sessions() as session, session.begin():
-        return await _add(session, job_ids, key, 1)
+    return await _add(sessions, job_ids, key, 1)
 
 
 async def give_back(
@@ -81,8 +85,7 @@ async def give_back(
     if not job_ids:
         return
     try:
-        async with sessions() as session, session.begin():
-            await _add(session, job_ids, key, -1)
+        await _add(sessions, job_ids, key, -1)
     except Exception:  # the database may be why the attempt failed: the count then stays
         logger.warning("Could not give back %s of %d job(s)", key, len(job_ids), exc_info=True)
 
@@ -121,10 +124,12 @@ async def alone(
 HELD_SPACE = 0x696E_6278  # "inbx"
 
 # Locks taken in one statement in hash order, so two batches of shared jobs wait, never deadlock.
+# The lock timeout is set first, in the same round trip (a one-time filter, run before the scan).
 _HOLD = text(
     """
     SELECT count(pg_advisory_xact_lock(:space, h))
       FROM (SELECT DISTINCT hashtext(x) AS h FROM unnest(CAST(:ids AS text[])) AS x ORDER BY h) AS held
+     WHERE (SELECT set_config('lock_timeout', :timeout, true)) IS NOT NULL
     """
 )
 
@@ -146,9 +151,6 @@ async def held(
     """
     async with sessions() as session, session.begin():
         timeout = f"{max(1, int(wait_s * 1000))}ms"
-        await session.execute(
-            text("SELECT set_config('lock_timeout', :timeout, true)"), {"timeout": timeout}
-        )
         ids = text_array(sorted({str(job_id) for job_id in job_ids}))
-        await session.execute(_HOLD, {"space": HELD_SPACE, "ids": ids})
+        await session.execute(_HOLD, {"space": HELD_SPACE, "ids": ids, "timeout": timeout})
         yield
