@@ -18,7 +18,7 @@ from actors.resources import current
 from actors.retry_policy import RetryPolicy
 from actors.sending import send_each_off_loop, send_off_loop
 from mailroom.errors import NatsPublishFailed, NatsUnavailable
-from mailroom.recognition import gate, inbox, mapping, outbox, watchdog
+from mailroom.recognition import gate, inbox, mapping, outbox, watchdog, window
 from mailroom.recognition.finality import short_repr
 from mailroom.recognition.inbox_messages import InboxMessage
 
@@ -62,10 +62,20 @@ async def publish_recognition_requests() -> None:
         held=state.held,
     )
     await on_mails_final(result.finalized_mail_ids)
+    if result.window_full:
+        await window.mark_waiting(await resources.redis(), settings.nats)
     if result.error is not None:
         raise NatsPublishFailed(result.error)
     if result.more:
         await send_off_loop(publish_recognition_requests)
+
+
+async def _publishes_more(applied: Iterable[str]) -> bool:
+    """Acks or answers freed places in a window that may hold queued jobs back (window.py)."""
+    if not window.frees_places(applied):
+        return False
+    resources = current()
+    return await window.may_be_waiting(await resources.redis(), resources.settings.nats)
 
 
 def _inbox_message(subject: Any, data: Any, headers: Any) -> InboxMessage | None:
@@ -104,6 +114,8 @@ async def apply_recognition_message(subject: str, data: str, headers: dict[str, 
     await on_mails_final(result.finalized_mail_ids)
     if result.map_job_id is not None:
         await send_off_loop(map_recognition_results, [str(result.map_job_id)])
+    if await _publishes_more([result.applied]):
+        await send_off_loop(publish_recognition_requests)
 
 
 @dramatiq.actor(queue_name=queues.INBOX, retry_policy=RetryPolicy(max_attempts=20))
@@ -141,13 +153,18 @@ async def apply_recognition_messages(messages: list[dict[str, Any]]) -> None:
         for message, data, outcome in zip(decoded, encoded, outcomes, strict=True)
         if outcome.applied == "failed"
     ]
+    publish = await _publishes_more(o.applied for o in outcomes)
     # NOTE: broker calls block; off the loop they leave the other inbox batches running.
-    await asyncio.to_thread(_send_inbox_followups, map_job_ids, failed)
+    await asyncio.to_thread(_send_inbox_followups, map_job_ids, failed, publish)
 
 
-def _send_inbox_followups(map_job_ids: list[str], failed: list[tuple[InboxMessage, str]]) -> None:
+def _send_inbox_followups(
+    map_job_ids: list[str], failed: list[tuple[InboxMessage, str]], publish: bool = False
+) -> None:
     if map_job_ids:
         map_recognition_results.send(map_job_ids)
+    if publish:  # one pass for the whole batch
+        publish_recognition_requests.send()
     for message, data in failed:
         apply_recognition_message.send(message.subject, data, dict(message.headers))
     if failed:

@@ -244,12 +244,13 @@ class RecognitionJob(Base):
             "published_at",
             postgresql_where=text("status IN ('queued', 'published')"),
         ),
-        # The same candidates in the order the publisher claims them (no sort per pass).
+        # Each pipeline's queued jobs in the order the publisher claims them into its window.
         Index(
-            "ix_recognition_job_claim",
+            "ix_recognition_job_queued",
+            "pipeline",
             "requested_at",
             "id",
-            postgresql_where=text("status IN ('queued', 'published')"),
+            postgresql_where=text("status = 'queued'"),
         ),
         # The watchdog's candidates.
         Index(

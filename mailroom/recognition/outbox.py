@@ -7,6 +7,17 @@ every request to the publisher, wait for one confirmation of the whole batch
 statements and commit. The row locks live only for that round trip; an ack
 that arrives meanwhile waits on the lock and applies after the commit.
 
+Flow control: per pipeline at most ``max_unacked_per_pipeline`` requests are
+``published`` (sent, not yet acked or answered); the other jobs wait ``queued``, so
+a backlog never waits unacked in front of a slower service until its republishes
+run out (``dlq``/``NO_ACK``). Each pass counts the window and claims at most its
+free places of queued jobs; republishes are inside the window already. The count
+takes no lock: passes in parallel each see the same free places and SKIP LOCKED
+gives them different jobs, so ``p`` overlapping passes can fill a window up to
+``p`` times what was free (at most ``p x min(window, batch)`` above it), and the
+next passes publish nothing until acks bring it back under. Inbox batches that
+ack or answer jobs run the publisher again (window.py).
+
 Republish number k is due ``k * ack_timeout`` after the first publish
 (``published_at`` keeps the first publish; ``metrics.republish_count`` counts).
 A crash after publishing and before the commit leaves the rows as they were:
@@ -18,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections import Counter
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -28,6 +40,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from mailroom.adapters.nats import OutgoingMessage, PublishAck, RequestPublisher
+from mailroom.models import PIPELINES
 from mailroom.recognition.contracts import RecognitionRequest, dump, request_msg_id
 from mailroom.recognition.finality import (
     MAX_REASON_CHARS,
@@ -46,34 +59,65 @@ _COUNT = republish_count_sql("j.metrics")
 # The caller's time (tests move it), else the database's: no round trip for it.
 _NOW = "COALESCE(CAST(:now AS timestamptz), now())"
 
-# Candidates: queued, or published with no ack for ack_timeout times (republishes + 1), while
-# the reply deadline has not passed (the watchdog owns those) and the health gate of the
-# pipeline is open (gate.py). The no-ack window runs from ``republish_from`` once a reopened
-# gate refreshed the job, else from the first publish. The jobs are claimed first, oldest
-# first along ix_recognition_job_claim, and joined to their files after: sorting the join of
-# every candidate (locking carries whole rows) cost a pass more than the rest of it. ``now``
-# is the caller's time or the transaction's, which every row brings back (``db_now``).
+# Candidates: the queued jobs of each pipeline up to the free places of its window, oldest
+# first along ix_recognition_job_queued, and published jobs with no ack for ack_timeout times
+# (republishes + 1), while the reply deadline has not passed (the watchdog owns those) and the
+# health gate of the pipeline is open (gate.py). The no-ack window runs from ``republish_from``
+# once a reopened gate refreshed the job, else from the first publish. The published jobs are
+# few (a window's worth per pipeline, read and counted along ix_recognition_job_outbox). The
+# jobs are claimed first, oldest first, and joined to their files after: sorting the join of
+# every candidate (locking carries whole rows) cost a pass more than the rest of it. Every
+# pipeline brings one row even with nothing claimed (its ``free`` places; ``id`` NULL).
+# ``now`` is the caller's time or the transaction's, which every row brings back (``db_now``).
+_JOB_COLUMNS = f"""j.id, j.file_id, j.pipeline, j.status, j.attempt, j.reply_deadline,
+               j.request_subject, j.requested_at, {_COUNT} AS republish_count"""
 _CLAIM = text(
     f"""
-    WITH claimed AS (
-        SELECT j.id, j.file_id, j.pipeline, j.status, j.attempt, j.reply_deadline,
-               j.request_subject, j.requested_at, {_COUNT} AS republish_count
+    WITH slots AS (
+        SELECT p.pipeline,
+               GREATEST(:window - (SELECT count(*) FROM recognition_job AS u
+                                    WHERE u.status = 'published' AND u.pipeline = p.pipeline),
+                        0) AS free
+          FROM unnest(CAST(:pipelines AS text[])) AS p(pipeline)
+    ),
+    waiting AS (
+        SELECT {_JOB_COLUMNS}
           FROM recognition_job AS j
-         WHERE j.status = 'queued'
-            OR (j.status = 'published'
-                AND j.reply_deadline > {_NOW}
-                AND j.pipeline <> ALL(CAST(:held AS text[]))
-                AND COALESCE(CAST(j.metrics ->> 'republish_from' AS timestamptz), j.published_at)
-                    <= {_NOW} - make_interval(secs => :ack_timeout_s * ({_COUNT} + 1)))
+         WHERE j.status = 'published'
+           AND j.reply_deadline > {_NOW}
+           AND j.pipeline <> ALL(CAST(:held AS text[]))
+           AND COALESCE(CAST(j.metrics ->> 'republish_from' AS timestamptz), j.published_at)
+               <= {_NOW} - make_interval(secs => :ack_timeout_s * ({_COUNT} + 1))
          ORDER BY j.requested_at, j.id
          LIMIT :limit
            FOR UPDATE OF j SKIP LOCKED
+    ),
+    fresh AS (
+        SELECT q.*
+          FROM slots AS s
+         CROSS JOIN LATERAL (
+            SELECT {_JOB_COLUMNS}
+              FROM recognition_job AS j
+             WHERE j.status = 'queued' AND j.pipeline = s.pipeline
+             ORDER BY j.requested_at, j.id
+             LIMIT LEAST(s.free, :limit)
+               FOR UPDATE OF j SKIP LOCKED
+         ) AS q
+    ),
+    claimed AS (
+        SELECT * FROM waiting
+        UNION ALL
+        SELECT * FROM fresh
+         ORDER BY requested_at, id
+         LIMIT :limit
     )
-    SELECT c.id, c.file_id, c.pipeline, c.status, c.attempt, c.reply_deadline,
+    SELECT s.pipeline AS window_pipeline, s.free,
+           c.id, c.file_id, c.pipeline, c.status, c.attempt, c.reply_deadline,
            c.request_subject, c.republish_count, now() AS db_now,
            f.original_name, f.file_type, o.bucket, o.key
-      FROM claimed AS c
-      JOIN stored_file AS f ON f.id = c.file_id
+      FROM slots AS s
+      LEFT JOIN claimed AS c ON c.pipeline = s.pipeline
+      LEFT JOIN stored_file AS f ON f.id = c.file_id
       LEFT JOIN stored_object AS o ON o.id = f.object_id
      ORDER BY c.requested_at, c.id
     """
@@ -145,10 +189,16 @@ class OutboxPass:
     error: str | None = None
     finalized_mail_ids: list[int] = field(default_factory=list)
     limit: int = 0
+    #: Pipelines whose window this pass found or left full: queued jobs may wait behind it.
+    window_full: list[str] = field(default_factory=list)
 
     @property
     def more(self) -> bool:
-        return not self.skipped and self.error is None and self.claimed >= self.limit > 0
+        if self.skipped or self.error is not None:
+            return False
+        # A dead letter or an invalid request leaves a place a waiting job can take now.
+        freed = bool(self.window_full and (self.dead_lettered or self.invalid))
+        return self.claimed >= self.limit > 0 or freed
 
 
 def request_subject(nats: NatsSettings, pipeline: str) -> str:
@@ -197,8 +247,9 @@ async def publish_recognition_requests(
         outcome.skipped = True
         return outcome
     async with sessions() as session, session.begin():
-        rows = await _claim(session, recognition, now=now, limit=limit, held=held)
+        rows, free = await _claim(session, recognition, now=now, limit=limit, held=held)
         outcome.claimed = len(rows)
+        outcome.window_full = _full_windows(rows, free)
         probes: set[uuid.UUID] = set()
         for pipeline in sorted(held):
             for row in (await session.execute(_PROBE, {"pipeline": pipeline})).all():
@@ -219,14 +270,25 @@ async def _claim(
     now: datetime | None,
     limit: int,
     held: Collection[str],
-) -> list[Any]:
+) -> tuple[list[Any], dict[str, int]]:
+    """The claimed job rows, oldest first, and the free places of each pipeline's window."""
     params = {
         "now": now,
         "ack_timeout_s": recognition.ack_timeout_s,
         "limit": limit,
         "held": sorted(held),
+        "window": recognition.max_unacked_per_pipeline,
+        "pipelines": list(PIPELINES),
     }
-    return list((await session.execute(_CLAIM, params)).all())
+    result = (await session.execute(_CLAIM, params)).all()
+    free = {row.window_pipeline: row.free for row in result}
+    return [row for row in result if row.id is not None], free
+
+
+def _full_windows(rows: list[Any], free: dict[str, int]) -> list[str]:
+    """Pipelines whose queued claim the window cut short (or that had no place at all)."""
+    first = Counter(row.pipeline for row in rows if row.status == "queued")
+    return sorted(pipeline for pipeline, places in free.items() if first[pipeline] >= places)
 
 
 async def _publish(
@@ -349,11 +411,12 @@ def _log(outcome: OutboxPass) -> None:
     elif outcome.claimed:
         logger.info(
             "Outbox pass: %d published, %d republished, %d probed (%d duplicates), %d dlq,"
-            " %d invalid",
+            " %d invalid; full windows: %s",
             len(outcome.published),
             len(outcome.republished),
             len(outcome.probed),
             outcome.duplicates,
             len(outcome.dead_lettered),
             len(outcome.invalid),
+            ", ".join(outcome.window_full) or "none",
         )
