@@ -1,7 +1,9 @@
 """The ``mailroom`` command: starts processes and runs operator commands.
 
 The CLI is the one outer module that may reach every layer (actors, bridges,
-scheduling); each operator area lives in its own module and is added here.
+scheduling); each operator area lives in its own module, named here and imported
+only when its command runs (``mailroom.cli.lazy``): the processes started through
+this CLI do not pay for the operator commands' imports.
 """
 
 from __future__ import annotations
@@ -11,18 +13,27 @@ import sys
 
 import typer
 
-from mailroom.cli import (
-    dead_letters,
-    delivery,
-    dev,
-    errors,
-    intake,
-    recognition,
-    recognizer,
-    review,
-    runtime_config,
-)
+from mailroom.cli import errors
+from mailroom.cli.lazy import LazyGroup
 from mailroom.settings import Settings
+
+
+class MailroomCommands(LazyGroup):
+    """The top-level commands, in the order ``mailroom --help`` lists them."""
+
+    lazy_before = {"notify": "mailroom.cli.delivery:notify", "dev": "mailroom.cli.dev:dev"}
+    lazy_after = {
+        "intake": "mailroom.cli.intake:app",
+        "recognition": "mailroom.cli.recognition:app",
+        "recognizer": "mailroom.cli.recognizer:app",
+        "review": "mailroom.cli.review:app",
+        "delivery": "mailroom.cli.delivery:app",
+        "dead-letters": "mailroom.cli.dead_letters:app",
+        "mailboxes": "mailroom.cli.runtime_config:mailboxes_app",
+        "accounts": "mailroom.cli.runtime_config:accounts_app",
+        "routes": "mailroom.cli.runtime_config:routes_app",
+    }
+
 
 # NOTE: tracebacks with locals would print URLs with their passwords.
 #: What ``mailroom --help`` says (the module docstring is for developers).
@@ -33,21 +44,14 @@ USER_HELP = (
 )
 
 app = errors.FriendlyTyper(
-    no_args_is_help=True, add_completion=False, help=USER_HELP, pretty_exceptions_show_locals=False
+    cls=MailroomCommands,
+    no_args_is_help=True,
+    add_completion=False,
+    help=USER_HELP,
+    pretty_exceptions_show_locals=False,
 )
 bridge_app = typer.Typer(no_args_is_help=True, help="Long-running consumers that feed actors.")
 app.add_typer(bridge_app, name="bridge")
-app.add_typer(intake.app, name="intake")
-app.add_typer(recognition.app, name="recognition")
-app.add_typer(recognizer.app, name="recognizer")
-app.add_typer(review.app, name="review")
-app.add_typer(delivery.app, name="delivery")
-app.add_typer(dead_letters.app, name="dead-letters")
-app.add_typer(runtime_config.mailboxes_app, name="mailboxes")
-app.add_typer(runtime_config.accounts_app, name="accounts")
-app.add_typer(runtime_config.routes_app, name="routes")
-app.command("notify")(delivery.notify)
-app.command("dev")(dev.dev)
 
 
 @app.callback()
@@ -87,6 +91,8 @@ def migrate() -> None:
         raise typer.Exit(1) from None
     typer.echo("database is at head")
     if settings.runtime_config.seed:
+        from mailroom.cli import runtime_config
+
         seeded = runtime_config.seed_from_settings(settings)
         if seeded.written:
             typer.echo(f"seeded from the environment: {', '.join(seeded.written)}")
