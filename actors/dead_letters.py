@@ -21,7 +21,7 @@ from dramatiq.brokers.redis import RedisBroker
 from dramatiq.errors import ConnectionClosed
 
 from actors.sentry_tags import message_tags
-from mailroom.observability import scrub_text
+from mailroom.observability import active_sentry, scrub_text
 
 logger = logging.getLogger(__name__)
 
@@ -100,9 +100,8 @@ def report_dead_letter(message: Any, exception: BaseException | None, reason: st
     dedupe integration then drops the integration's copy, so a message given up
     after an unexpected error is still one event.
     """
-    import sentry_sdk
-
-    if not sentry_sdk.get_client().is_active():
+    sentry_sdk = active_sentry()
+    if sentry_sdk is None:
         return
     with sentry_sdk.new_scope() as scope:
         scope.set_level("error")

@@ -7,6 +7,8 @@ from typing import Any
 from dramatiq import Broker, Middleware
 from dramatiq.broker import MessageProxy
 
+from mailroom.observability import active_sentry
+
 #: Which argument names the record an actor works on, and the tag it goes under.
 ID_TAGS = {
     "poll_mailbox": "mailbox",
@@ -37,8 +39,7 @@ class SentryTags(Middleware):
     """Sets tags on the scope the Sentry integration opened for this message (a no-op without Sentry)."""
 
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
-        import sentry_sdk
-
-        if not sentry_sdk.get_client().is_active():
+        sentry_sdk = active_sentry()
+        if sentry_sdk is None:
             return
         sentry_sdk.set_tags(message_tags(message))

@@ -12,7 +12,9 @@ from __future__ import annotations
 import logging
 import os
 import re
+import sys
 from collections.abc import Iterable
+from types import ModuleType
 from typing import Any
 
 from pydantic import BaseModel, SecretStr
@@ -205,6 +207,18 @@ def init_sentry(settings: Settings, *, process: str, transport: Any = None) -> N
     # The Dramatiq integration reports a failed message inside its scope (with its tags)
     # and actors.dead_letters the one given up; the worker's error line would be one more.
     ignore_logger("dramatiq.worker.WorkerThread")
+
+
+def active_sentry() -> ModuleType | None:
+    """``sentry_sdk`` when Sentry reports from this process, else None.
+
+    Only ``init_sentry`` (a DSN is set) or a test imports it: without a DSN no process pays
+    its import (about 0.1 s of CPU at start-up), and every call into it would do nothing.
+    """
+    sentry_sdk = sys.modules.get("sentry_sdk")
+    if sentry_sdk is None or not sentry_sdk.get_client().is_active():
+        return None
+    return sentry_sdk
 
 
 def _scrub_breadcrumb(settings: Settings) -> Any:

@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING
 
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
-from sentry_sdk.crons import MonitorStatus, capture_checkin
 
 from mailroom.db import database_url, libpq_dsn
+from mailroom.observability import active_sentry
 from mailroom.settings import Settings
 from mailroom.stop_signals import handle_stop_signals
 from scheduling import metrics
@@ -26,15 +26,20 @@ logger = logging.getLogger(__name__)
 
 def _run_job(job: PeriodicJob) -> None:
     """Send the job's message and check in with its Sentry cron monitor (when Sentry is on)."""
-    status = MonitorStatus.OK
+    ok = True
     try:
         job.send()
         metrics.SENDS.labels(job.name, "sent").inc()
     except Exception:
         metrics.SENDS.labels(job.name, "failed").inc()
         # The broker may be briefly down; the next tick sends again.
-        status = MonitorStatus.ERROR
+        ok = False
         logger.exception("Scheduler job %s could not send its message", job.name)
+    if active_sentry() is None:
+        return
+    from sentry_sdk.crons import MonitorStatus, capture_checkin
+
+    status = MonitorStatus.OK if ok else MonitorStatus.ERROR
     capture_checkin(
         monitor_slug=job.name.replace(":", "-").replace("_", "-"),
         status=status,

@@ -21,11 +21,16 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-
-import httpx
+from typing import TYPE_CHECKING
 
 from mailroom.errors import OAuthTokenRefused, OAuthTokenUnavailable
 from mailroom.settings_oauth import OAuthSettings
+
+if TYPE_CHECKING:
+    # Imported where a token is fetched: intake imports this module for every IMAP login,
+    # and httpx (with the click and rich its command line pulls in) costs about 0.1 s of CPU
+    # at start-up in processes whose mailboxes log in with a password.
+    import httpx
 
 logger = logging.getLogger(__name__)
 
@@ -113,6 +118,8 @@ class TokenProvider:
             form["scope"] = oauth.scope
         where = f"token endpoint {oauth.token_url[:100]!r}"
         started = self._clock()
+        import httpx
+
         try:
             with httpx.Client(timeout=oauth.timeout_s, transport=self._transport) as client:
                 response = client.post(

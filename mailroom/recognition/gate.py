@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-import sentry_sdk
 from prometheus_client import Gauge
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -226,6 +225,8 @@ def _report(state: GateState) -> None:
     for pipeline in state.closed_now:
         reason = state.reasons[pipeline]
         logger.warning("Recognition gate of %s closed: %s", pipeline, reason)
+        import sentry_sdk  # here: workers start without it (it costs ~0.1 s of CPU)
+
         with sentry_sdk.new_scope() as scope:
             scope.set_tag("recognition.pipeline", pipeline)
             scope.set_extra("reason", reason)
