@@ -80,3 +80,15 @@ def test_worker_processes_without_a_sentry_dsn_or_oauth_never_import_sentry_or_h
     )
     assert {"dramatiq", "sqlalchemy"} <= loaded
     assert loaded & {"sentry_sdk", "httpx", "click", "rich", "typer", "boto3", "botocore"} == set()
+
+
+def test_dramatiq_main_shares_only_inert_modules_with_its_worker_processes():
+    # Imported before the fork: nothing may start a thread or register a metric there.
+    loaded = _loaded(
+        "import threading\n"
+        "from mailroom.dramatiq_main import import_shared_modules\n"
+        "import_shared_modules()\n"
+        "assert threading.active_count() == 1, threading.enumerate()"
+    )
+    assert {"sqlalchemy", "psycopg", "redis", "nats"} <= loaded
+    assert loaded & {"prometheus_client", "sentry_sdk", "actors"} == set()
