@@ -32,6 +32,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import ColumnElement, and_, case, func, select, text, update
 from sqlalchemy.dialects.postgresql import insert
@@ -43,6 +44,7 @@ from mailroom.clock import DbClock, db_now
 from mailroom.db import transaction
 from mailroom.errors import LeaseLost, describe_error
 from mailroom.intake import audit
+from mailroom.intake.lease import lease_write
 from mailroom.models import InboundMail, MailboxCursor
 
 logger = logging.getLogger(__name__)
@@ -167,21 +169,25 @@ async def count_attempt(sessions: async_sessionmaker[AsyncSession], claim: Claim
 
     An attempt at another UID than the last one counted starts over at one.
     """
-    async with lease_transaction(sessions) as session:
-        count = await session.scalar(
-            update(MailboxCursor)
-            .where(_owned(claim))
-            .values(
-                attempt_count=case(
-                    (MailboxCursor.attempt_uid == uid, MailboxCursor.attempt_count + 1), else_=1
-                ),
-                attempt_uid=uid,
-            )
-            .returning(MailboxCursor.attempt_count)
-        )
-    if count is None:
+    row = await lease_write(sessions, COUNT_ATTEMPT, {**_owner(claim), "uid": uid})
+    if row is None:
         raise LeaseLost(f"mailbox {claim.mailbox}: lease lost before UID {uid}")
-    return int(count)
+    return int(row[0])
+
+
+#: ``count_attempt``'s statement (SET sees the row as it was: the UID counted before).
+COUNT_ATTEMPT = """
+UPDATE mailbox_cursor
+   SET attempt_count = CASE WHEN attempt_uid = %(uid)s THEN attempt_count + 1 ELSE 1 END,
+       attempt_uid = %(uid)s
+ WHERE id = %(cursor_id)s AND lease_id = %(lease_id)s
+RETURNING attempt_count
+"""
+
+
+def _owner(claim: Claim) -> dict[str, Any]:
+    """The parameters of ``_owned`` for the raw statements."""
+    return {"cursor_id": claim.cursor_id, "lease_id": claim.lease_id}
 
 
 def _without(uid: int) -> ColumnElement[int]:
@@ -240,37 +246,50 @@ async def adopt_uidvalidity(
     """Store the folder's UIDVALIDITY; the UID to read above (0 when it changed)."""
     if claim.uidvalidity == uidvalidity:
         return claim.last_uid
-    changed = claim.uidvalidity is not None
+    if claim.uidvalidity is None:  # the folder's first poll: a plain write, no audit event
+        params = {**_owner(claim), "uidvalidity": uidvalidity}
+        if await lease_write(sessions, FIRST_UIDVALIDITY, params) is None:
+            raise LeaseLost(f"mailbox {claim.mailbox}: lease lost while storing UIDVALIDITY")
+        return claim.last_uid
     async with transaction(sessions) as session:
-        values: dict[str, object] = {"uidvalidity": uidvalidity, "updated_at": func.now()}
-        if changed:
-            # Attempts left over at the old numbering say nothing about the new one's UIDs.
-            values.update(last_uid=0, attempt_count=0)
+        # Attempts left over at the old numbering say nothing about the new one's UIDs.
         stored = await session.scalar(
-            update(MailboxCursor).where(_owned(claim)).values(**values).returning(MailboxCursor.id)
+            update(MailboxCursor)
+            .where(_owned(claim))
+            .values(uidvalidity=uidvalidity, updated_at=func.now(), last_uid=0, attempt_count=0)
+            .returning(MailboxCursor.id)
         )
         if stored is None:
             raise LeaseLost(f"mailbox {claim.mailbox}: lease lost while storing UIDVALIDITY")
-        if changed:
-            logger.warning(
-                "Mailbox %s/%r: UIDVALIDITY changed from %s to %s; reading from UID 0, "
-                "known mails are skipped by Message-ID and content hash",
-                claim.mailbox,
-                claim.folder,
-                claim.uidvalidity,
-                uidvalidity,
-            )
-            await audit.record_audit(
-                session,
-                audit.UIDVALIDITY_CHANGED,
-                target=claim.target,
-                detail={
-                    "old_uidvalidity": claim.uidvalidity,
-                    "new_uidvalidity": uidvalidity,
-                    "old_last_uid": claim.last_uid,
-                },
-            )
-    return 0 if changed else claim.last_uid
+        logger.warning(
+            "Mailbox %s/%r: UIDVALIDITY changed from %s to %s; reading from UID 0, "
+            "known mails are skipped by Message-ID and content hash",
+            claim.mailbox,
+            claim.folder,
+            claim.uidvalidity,
+            uidvalidity,
+        )
+        await audit.record_audit(
+            session,
+            audit.UIDVALIDITY_CHANGED,
+            target=claim.target,
+            detail={
+                "old_uidvalidity": claim.uidvalidity,
+                "new_uidvalidity": uidvalidity,
+                "old_last_uid": claim.last_uid,
+            },
+        )
+    return 0
+
+
+#: ``adopt_uidvalidity``'s statement for a cursor that had none. Committed like the lease's
+#: bookkeeping: lost with Postgres, the next poll stores it again (the mails it stores after
+#: it flush the WAL up to themselves, this write included).
+FIRST_UIDVALIDITY = """
+UPDATE mailbox_cursor SET uidvalidity = %(uidvalidity)s, updated_at = now()
+ WHERE id = %(cursor_id)s AND lease_id = %(lease_id)s
+RETURNING id
+"""
 
 
 @dataclass(frozen=True)
@@ -440,22 +459,17 @@ async def finish_batch(
     sessions: async_sessionmaker[AsyncSession], claim: Claim, *, highest_uid: int
 ) -> None:
     """Advance ``last_uid`` to the highest UID scanned, release the lease, reset retry state."""
-    async with lease_transaction(sessions) as session:
-        done = await session.scalar(
-            update(MailboxCursor)
-            .where(_owned(claim))
-            .values(
-                last_uid=func.greatest(MailboxCursor.last_uid, highest_uid),
-                status="idle",
-                lease_id=None,
-                lease_until=None,
-                retry_count=0,
-                attempt_count=0,
-                next_retry_at=None,
-                last_error=None,
-                updated_at=func.now(),
-            )
-            .returning(MailboxCursor.id)
-        )
+    done = await lease_write(sessions, FINISH_BATCH, {**_owner(claim), "highest_uid": highest_uid})
     if done is None:
         raise LeaseLost(f"mailbox {claim.mailbox}: lease lost before the batch finished")
+
+
+#: ``finish_batch``'s statement.
+FINISH_BATCH = """
+UPDATE mailbox_cursor
+   SET last_uid = greatest(last_uid, %(highest_uid)s), status = 'idle',
+       lease_id = NULL, lease_until = NULL, retry_count = 0, attempt_count = 0,
+       next_retry_at = NULL, last_error = NULL, updated_at = now()
+ WHERE id = %(cursor_id)s AND lease_id = %(lease_id)s
+RETURNING id
+"""

@@ -128,8 +128,9 @@ def test_passes_piled_up_in_the_queue_send_each_mailbox_one_poll(
 
 
 async def test_the_lease_bookkeeping_commits_without_a_flush_and_leaves_the_pool_as_it_was(
-    intake_env,
+    intake_env, monkeypatch
 ):
+    import psycopg
     from sqlalchemy import event, text
 
     from mailroom.db import transaction
@@ -140,6 +141,14 @@ async def test_the_lease_bookkeeping_commits_without_a_flush_and_leaves_the_pool
     def record(conn, cursor, statement, *args) -> None:
         sent.append(statement)
 
+    # The count and the finish go to psycopg directly, in one pipeline each.
+    direct = psycopg.AsyncConnection.execute
+
+    async def execute(self, query, *args, **kwargs):
+        sent.append(query)
+        return await direct(self, query, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.AsyncConnection, "execute", execute)
     async with transaction(intake_env.sessions) as session:
         server_default = await session.scalar(text("SHOW synchronous_commit"))
     event.listen(engine, "before_cursor_execute", record)
@@ -148,10 +157,12 @@ async def test_the_lease_bookkeeping_commits_without_a_flush_and_leaves_the_pool
             intake_env.sessions, mailbox="box", folder=intake_env.folder, lease_s=30
         )
         assert isinstance(claim, cursors.Claim)
+        assert await cursors.count_attempt(intake_env.sessions, claim, 0) == 1
         await cursors.finish_batch(intake_env.sessions, claim, highest_uid=0)
     finally:
         event.remove(engine, "before_cursor_execute", record)
-    assert sent.count("SET LOCAL synchronous_commit = off") == 2, "the claim and the finish"
+    assert sent.count("SET LOCAL synchronous_commit = off") == 3, "claim, count and finish"
+    assert (await intake_env.cursor()).attempt_count == 0, "the finish cleared the count"
     # SET LOCAL ends with its transaction: the next user of a pooled connection is as before.
     for _ in range(3):
         async with transaction(intake_env.sessions) as session:
