@@ -10,6 +10,7 @@ import pytest
 
 import actors.resources
 from actors.intake import poll_mailbox
+from mailroom.config_store import effective
 from mailroom.settings import DatabaseSettings, IntakeSettings, Settings, StorageSettings
 from tests.fixtures.imap import csv_mail
 
@@ -50,6 +51,27 @@ def test_poll_stores_mail_nudges_the_publisher_and_polls_again_while_mail_waits(
     # One nudge per committed group with jobs: the batch of two, then the third mail.
     assert stub_broker.queues["outbox"].qsize() == 2
     assert stub_broker.dead_letters == []
+
+
+def test_the_mailboxes_are_read_once_while_their_rows_do_not_change(
+    settings, stub_broker, intake_worker, imap_server, imap_folder, monkeypatch
+):
+    reads: list[str] = []
+    read = effective.intake_settings
+
+    async def counted(*args):
+        reads.append("mailboxes")
+        return await read(*args)
+
+    monkeypatch.setattr(effective, "intake_settings", counted)
+    imap_server.append(imap_folder, *(csv_mail(n) for n in range(3)))
+
+    poll_mailbox.send("box")
+    stub_broker.join("intake", fail_fast=True)
+    intake_worker.join()
+
+    assert _query(settings, "SELECT count(*) FROM inbound_mail") == [(3,)], "two polls ran"
+    assert reads == ["mailboxes"], "the second poll kept what the first read"
 
 
 def test_unknown_mailbox_fails_permanently(settings, stub_broker, intake_worker):
