@@ -139,7 +139,9 @@ def main() -> None:
             deadline = started + 300
             queues = QueueDepths(redis_server.url, env["MAILROOM_BROKER__NAMESPACE"])
             next_trace = started
+            reads = 1  # the sessions count itself
             while len(done_at) < len(folders) and time.monotonic() < deadline:
+                reads += 1
                 for mailbox, stored in system.query(STORED_SQL):
                     if stored >= args.mails and mailbox not in done_at:
                         done_at[mailbox] = time.monotonic() - started
@@ -155,6 +157,14 @@ def main() -> None:
                 time.sleep(0.5)
             queues.close()
             used = cpu.since_start()
+            # Each new session costs Postgres a fork and cold caches: a pool too small for
+            # the intake worker's polls opens one per poll. The bench's own reads open one each.
+            sessions = system.scalar(
+                "SELECT sessions FROM pg_stat_database WHERE datname = current_database()"
+            )
+            print(
+                f"Postgres sessions opened: {sessions - reads} (the bench's {reads} reads left out)"
+            )
             print("CPU seconds by process: until the first mailbox done / in all")
             for label, seconds in sorted(used.items(), key=lambda kv: -kv[1]):
                 print(f"  {label:<20} {startup_cpu.get(label, 0.0):6.1f} {seconds:6.1f}")
