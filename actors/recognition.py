@@ -45,6 +45,7 @@ async def publish_recognition_requests() -> None:
     resources = current()
     settings = resources.settings
     sessions = await resources.sessions()
+    await window.pass_started(await resources.redis(), settings.nats)
     try:
         publisher = await resources.nats()
     except NatsUnavailable as exc:
@@ -71,11 +72,12 @@ async def publish_recognition_requests() -> None:
 
 
 async def _publishes_more(applied: Iterable[str]) -> bool:
-    """Acks or answers freed places in a window that may hold queued jobs back (window.py)."""
+    """Acks or answers freed places in a window that may hold queued jobs back, and no pass
+    is queued yet: send one (window.py)."""
     if not window.frees_places(applied):
         return False
     resources = current()
-    return await window.may_be_waiting(await resources.redis(), resources.settings.nats)
+    return await window.request_pass(await resources.redis(), resources.settings.nats)
 
 
 def _inbox_message(subject: Any, data: Any, headers: Any) -> InboxMessage | None:

@@ -265,17 +265,26 @@ async def test_an_ack_sends_no_pass_while_no_window_holds_jobs_back(
     assert await _statuses(recognition_factory, [sent, unseen]) == ["processing", "queued"]
 
 
-async def test_the_window_mark_says_may_be_waiting_when_redis_cannot_be_asked(redis_url):
+async def test_acks_request_one_pass_at_a_time_and_only_behind_a_full_window(redis_url):
     nats = NatsSettings(stream_name="T_window_mark")
     redis = aioredis.Redis.from_url(redis_url)
     unreachable = aioredis.Redis.from_url("redis://127.0.0.1:1", socket_connect_timeout=1)
     try:
-        before = await window.may_be_waiting(redis, nats)
+        nothing_waits = await window.request_pass(redis, nats)
         await window.mark_waiting(redis, nats)
-        after = await window.may_be_waiting(redis, nats)
+        first, coalesced = [await window.request_pass(redis, nats) for _ in range(2)]
+        await window.pass_started(redis, nats)
+        after_start = await window.request_pass(redis, nats)
         await window.mark_waiting(unreachable, nats)  # warned, not raised
-        blind = await window.may_be_waiting(unreachable, nats)
+        await window.pass_started(unreachable, nats)
+        blind = await window.request_pass(unreachable, nats)
     finally:
         await redis.aclose()
         await unreachable.aclose()
-    assert (before, after, blind) == (False, True, True)
+    assert (nothing_waits, first, coalesced, after_start, blind) == (
+        False,
+        True,
+        False,
+        True,
+        True,
+    )
