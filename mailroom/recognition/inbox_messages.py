@@ -78,6 +78,18 @@ def check_size(data: bytes, *, max_bytes: int) -> bool:
 def parse_response(data: bytes) -> RecognitionResponse:
     """The contract message in ``data``; raises ``InvalidMessage`` with a loggable reason."""
     try:
+        # One pass of pydantic's parser over the bytes: a third cheaper than the dict first.
+        response = RecognitionResponse.model_validate_json(data)
+    except (ValidationError, ValueError, RecursionError):
+        return _parse_response_in_steps(data)  # the reason, read as below
+    if response.status in ("done", "needs_check") and response.result_s3 is None:
+        return _parse_response_in_steps(data)
+    return response
+
+
+def _parse_response_in_steps(data: bytes) -> RecognitionResponse:
+    """JSON first, then the contract: why a message is refused, and the job it names."""
+    try:
         body = parse_json_object(data)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise InvalidMessage("not a JSON object", None, kind="not_json") from exc
