@@ -29,9 +29,12 @@ from mailroom.settings import NatsSettings
 
 logger = logging.getLogger(__name__)
 
-#: How long a full window's mark lives, in seconds; well above the outbox sweep's interval
-#: (10 s), so passes renew it while the window stays full.
-WAITING_TTL_S = 60
+#: How long a full window's mark lives, in seconds. In a backlog every ack's pass renews it;
+#: after one it keeps acks sending passes for nothing until it expires (mails that come
+#: then waited behind those passes). When it lapses with the window still full, no ack came
+#: for that long: the service is slower than 1 per 5 s, and the outbox sweep (every 10 s)
+#: refills the window and marks it again.
+WAITING_TTL_S = 5
 
 #: How long a requested pass keeps further requests back if its message is lost, in seconds.
 REQUESTED_TTL_S = 10

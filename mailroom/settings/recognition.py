@@ -19,11 +19,13 @@ class RecognitionSettings(StrictModel):
     publish_batch_size: int = 500
     #: Flow control: at most this many requests of one pipeline published and not yet acked or
     #: answered; other jobs wait ``queued`` (their deadline and no-ack clock start at publish).
-    #: A request waits about this many / the service's rate for its ack: 200 is 2-4 s at the
-    #: reference recognizer's 50-100 answers/s, a buffer over its 16 at work that covers the
-    #: ack -> inbox -> publish round trip, far below ack_timeout_s. For a service slower than
-    #: about 7/s (200 / ack_timeout_s), use its rate x 10 s.
-    max_unacked_per_pipeline: int = Field(default=200, gt=0)
+    #: It must cover the service's rate x the round trip from publish to the applied ack (the
+    #: service's queue, the bridge, the inbox's queue): bench/e2e.py without a window had
+    #: 120-250 requests unacked at 50-80 acks/s, about 3 s, and 200 slowed its drain. A request
+    #: waits about this many / the rate for its ack: 500 is 5-10 s at the reference
+    #: recognizer's 50-100 answers/s, a third of ack_timeout_s at most. For a service slower
+    #: than about 17/s (500 / ack_timeout_s), use its rate x 10 s.
+    max_unacked_per_pipeline: int = Field(default=500, gt=0)
     #: Attempts in all (the first included) before a failed result settles.
     automatic_attempts: int = 2
     confidence_threshold: float = 0.8
