@@ -13,8 +13,8 @@ a backlog never waits unacked in front of a slower service until its republishes
 run out (``dlq``/``NO_ACK``). Each pass counts the window and claims at most its
 free places of queued jobs; republishes are inside the window already. The count
 takes no lock: passes in parallel each see the same free places and SKIP LOCKED
-gives them different jobs, so ``p`` overlapping passes can fill a window up to
-``p`` times what was free (at most ``p x min(window, batch)`` above it), and the
+gives them different jobs, so ``p`` overlapping passes can publish ``p`` times
+what was free (at most ``(p - 1) x min(window, batch)`` above the window), and the
 next passes publish nothing until acks bring it back under. Inbox batches that
 ack or answer jobs run the publisher again (window.py).
 

@@ -21,10 +21,10 @@ class RecognitionSettings(StrictModel):
     #: answered; other jobs wait ``queued`` (their deadline and no-ack clock start at publish).
     #: It must cover the service's rate x the round trip from publish to the applied ack (the
     #: service's queue, the bridge, the inbox's queue): bench/e2e.py without a window had
-    #: 120-250 requests unacked at 50-80 acks/s, about 3 s, and 200 slowed its drain. A request
-    #: waits about this many / the rate for its ack: 500 is 5-10 s at the reference
-    #: recognizer's 50-100 answers/s, a third of ack_timeout_s at most. For a service slower
-    #: than about 17/s (500 / ack_timeout_s), use its rate x 10 s.
+    #: 120-250 requests unacked at 50-80 acks/s, about 3 s (a window of 200 stood full most of
+    #: a drain). A request waits about this many / the rate for its ack: 500 is 5-10 s at the
+    #: reference recognizer's 50-100 answers/s, a third of ack_timeout_s at most. For a service
+    #: slower than about 17/s (500 / ack_timeout_s), use its rate x 10 s.
     max_unacked_per_pipeline: int = Field(default=500, gt=0)
     #: Attempts in all (the first included) before a failed result settles.
     automatic_attempts: int = 2
