@@ -155,6 +155,8 @@ class ImapMailbox:
         self._folder: str | None = None
         #: The folder's PERMANENTFLAGS from SELECT; None when it named none (all are kept).
         self._permanent_flags: list[str] | None = None
+        #: UIDNEXT from the last SELECT, until the next command or ``uids_above`` uses it.
+        self._uidnext: int | None = None
         # Guards ``_client`` and ``_closes`` between the event loop and a connecting thread:
         # a connect that completes after close() must end its own connection.
         self._lock = threading.Lock()
@@ -173,6 +175,7 @@ class ImapMailbox:
     async def _call(self, what: str, fn: Callable[..., T], *args: Any) -> T:
         # Like ``asyncio.to_thread``: the call sees our context (log fields), and a
         # cancelled await leaves the thread running until the call returns.
+        self._uidnext = None  # it holds only until the next command (IDLE may even reconnect)
         context = contextvars.copy_context()
         running = self._thread().submit(context.run, fn, *args)
         self._running = running
@@ -232,12 +235,20 @@ class ImapMailbox:
         info = await self._call(f"SELECT {folder!r}", _select, self._require(), folder)
         permanent = info.get(b"PERMANENTFLAGS")
         self._permanent_flags = None if permanent is None else [_text(f) for f in permanent]
+        uidnext = info.get(b"UIDNEXT")
+        self._uidnext = uidnext if isinstance(uidnext, int) else None
         try:
             return int(info[b"UIDVALIDITY"])
         except (KeyError, TypeError, ValueError) as exc:
             raise MailboxCommandFailed(f"SELECT {folder!r}: no UIDVALIDITY") from exc
 
     async def uids_above(self, uid: int) -> list[int]:
+        uidnext, self._uidnext = self._uidnext, None
+        if uidnext is not None and uidnext <= uid + 1:
+            # Every UID in the folder is below the SELECT's UIDNEXT (RFC 3501): nothing new, and
+            # an empty poll needs no SEARCH. Only a call right after the SELECT trusts it; mail
+            # that lands later is announced to IDLE and found by the next SEARCH.
+            return []
         found = await self._call("UID SEARCH", self._require().search, ["UID", f"{uid + 1}:*"])
         return filter_uids_above([int(u) for u in found], uid)
 

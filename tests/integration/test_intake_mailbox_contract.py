@@ -142,6 +142,39 @@ async def test_fetch_of_mail_another_session_expunged_returns_the_rest(mail_serv
 
 
 @on_every_server
+async def test_an_empty_poll_knows_from_uidnext_and_the_next_search_sees_new_mail(
+    mail_server, mail_folder, monkeypatch
+):
+    (uid,) = mail_server.append(mail_folder, make_mail(1))
+    searches: list[object] = []
+    search = IMAPClient.search
+
+    def counted(self, *args, **kwargs):
+        searches.append(args)
+        return search(self, *args, **kwargs)
+
+    monkeypatch.setattr(IMAPClient, "search", counted)
+    box = ImapMailbox(mail_server.mailbox_settings("m", mail_folder))
+    await box.connect()
+    try:
+        await box.select(mail_folder)
+        assert await box.uids_above(uid) == []
+        assert searches == [], "the SELECT's UIDNEXT said nothing is above the UID"
+        assert await box.uids_above(uid) == []
+        assert len(searches) == 1, "UIDNEXT serves the first call after the SELECT only"
+        await box.select(mail_folder)
+        await box.larger_than([uid], 10**9)
+        assert await box.uids_above(uid) == []
+        assert len(searches) == 3, "nor a call after another command"
+        (later,) = mail_server.append(mail_folder, make_mail(2))
+        await box.select(mail_folder)
+        assert await box.uids_above(uid) == [later]
+        assert len(searches) == 4
+    finally:
+        await box.close()
+
+
+@on_every_server
 async def test_idle_times_out_quietly_when_nothing_arrives(mail_server, mail_folder):
     box = ImapMailbox(mail_server.mailbox_settings("m", mail_folder))
     await box.connect()
