@@ -24,23 +24,11 @@ from actors.retry_policy import RetryPolicy
 from bridges.nats import NatsBridge
 from mailroom.adapters.nats import NatsClient
 from mailroom.adapters.storage import build_store
-from tests.fixtures.recognition import make_settings
+from tests.fixtures.recognition import drain_recognition, make_settings
 
 pytestmark = pytest.mark.integration
 
 ALL = (queues.OUTBOX, queues.INBOX, queues.MAPPING, queues.MAINTENANCE)
-
-
-async def drain(stub_broker, stub_worker):
-    """Run queued actor messages (and the ones they send) until every queue is empty."""
-
-    def join() -> None:
-        for _ in range(5):
-            for queue in ALL:
-                stub_broker.join(queue, fail_fast=True)
-            stub_worker.join()
-
-    await asyncio.to_thread(join)
 
 
 def b64(data: bytes) -> str:
@@ -91,7 +79,7 @@ async def test_publish_actor_publishes_every_queued_job_in_batches(
     refs = [await recognition_factory.create_job() for _ in range(5)]
 
     publish_recognition_requests.send()
-    await drain(stub_broker, stub_worker)
+    await drain_recognition(stub_broker, stub_worker)
 
     got = [await listener.next_msg(timeout=20) for _ in refs]
     assert {m.headers["Nats-Msg-Id"] for m in got} == {f"{r.job_id}:1:request" for r in refs}
@@ -106,7 +94,7 @@ async def test_publish_actor_skips_the_pass_when_nats_is_down(
     ref = await recognition_factory.create_job()
 
     publish_recognition_requests.send()
-    await drain(stub_broker, stub_worker)
+    await drain_recognition(stub_broker, stub_worker)
 
     assert (await recognition_factory.job(ref.job_id))["status"] == "queued"
     assert not stub_broker.dead_letters
@@ -128,7 +116,7 @@ async def test_bad_messages_among_good_ones_never_stop_the_good_ones(
         apply_recognition_message.send(subject, b64(data), {})
     apply_recognition_message.send(subject, "***not base64***", {})
 
-    await drain(stub_broker, stub_worker)
+    await drain_recognition(stub_broker, stub_worker)
 
     assert {(await recognition_factory.job(r.job_id))["status"] for r in refs} == {"processing"}
     assert not stub_broker.dead_letters
@@ -218,7 +206,7 @@ async def test_result_flows_from_nats_through_bridge_inbox_and_mapping_to_a_docu
         await nc.close()
     assert bridge.forwarded == 2, "JetStream's duplicate window dropped the repeated result"
 
-    await drain(stub_broker, stub_worker)
+    await drain_recognition(stub_broker, stub_worker)
 
     [document] = await recognition_factory.rows("SELECT * FROM document")
     assert document["fields"] == {"title": "Q3"}
@@ -233,7 +221,7 @@ async def test_failed_result_is_replayed_and_the_publisher_is_nudged(
     data = response(ref, "error", error={"code": "OCR_FAILED", "message": "blurry"})
 
     apply_recognition_message.send("files.tabular_parsed", b64(data), {})
-    await drain(stub_broker, stub_worker)
+    await drain_recognition(stub_broker, stub_worker)
 
     retry = await listener.next_msg(timeout=20)
     file = await recognition_factory.file(ref.file_id)
@@ -256,13 +244,13 @@ async def test_watchdog_and_unmapped_sweep_actors(
 
     expire_recognition_deadlines.send()
     sweep_unmapped_results.send()
-    await drain(stub_broker, stub_worker)
+    await drain_recognition(stub_broker, stub_worker)
 
     assert (await recognition_factory.job(late.job_id))["status"] == "timeout"
     assert (await recognition_factory.job(unmapped.job_id))["mapped_at"] is not None
     assert (await recognition_factory.file(unmapped.file_id))["status"] == "ERROR"
     map_recognition_result.send("not-a-uuid")
-    await drain(stub_broker, stub_worker)
+    await drain_recognition(stub_broker, stub_worker)
     assert not stub_broker.dead_letters
 
 
@@ -296,7 +284,7 @@ async def test_follow_up_sends_of_async_actors_run_off_the_event_loop(
         return enqueue(message, delay=delay)
 
     monkeypatch.setattr(stub_broker, "enqueue", recording_enqueue)
-    await drain(stub_broker, stub_worker)
+    await drain_recognition(stub_broker, stub_worker)
 
     assert (await recognition_factory.job(late.job_id))["status"] == "timeout"
     for ref in unmapped:
@@ -372,7 +360,7 @@ async def test_a_backlog_of_final_mails_is_notified_by_one_message_in_passes(
 
     monkeypatch.setattr(stub_broker, "enqueue", recording_enqueue)
     notify_final_mails.send()
-    await drain(stub_broker, stub_worker)
+    await drain_recognition(stub_broker, stub_worker)
 
     rows = await recognition_factory.rows(
         "SELECT id FROM inbound_mail WHERE notified_at IS NOT NULL"

@@ -27,25 +27,6 @@ async def nats_client(recognition_settings):
     await client.close()
 
 
-@pytest.fixture
-async def listener(recognition_settings):
-    """A plain NATS subscriber on both request subjects, collecting what arrives."""
-    import nats as nats_py
-
-    nc = await nats_py.connect(recognition_settings.nats.url)
-    received = []
-
-    async def collect(msg):
-        received.append(msg)
-
-    s = recognition_settings.nats
-    for name in (s.tabular_subject, s.image_subject):
-        await nc.subscribe(s.subject(name), cb=collect)
-    await nc.flush()
-    yield received
-    await nc.close()
-
-
 async def _pass(sessions, publisher, settings, now=T0, **kwargs):
     return await publish_recognition_requests(
         sessions,

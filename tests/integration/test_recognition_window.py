@@ -12,11 +12,9 @@ import base64
 import json
 from datetime import timedelta
 
-import nats as nats_py
 import pytest
 import redis.asyncio as aioredis
 
-from actors import queues
 from actors.recognition import apply_recognition_messages, publish_recognition_requests
 from mailroom.adapters.nats import InMemoryPublisher, NatsClient
 from mailroom.recognition import window
@@ -25,12 +23,11 @@ from mailroom.recognition.inbox import apply_recognition_messages as apply_messa
 from mailroom.recognition.inbox_messages import InboxMessage
 from mailroom.recognition.outbox import publish_recognition_requests as outbox_pass
 from mailroom.settings import NatsSettings
-from tests.fixtures.recognition import at, make_settings
+from tests.fixtures.recognition import at, drain_recognition, make_settings
 
 pytestmark = pytest.mark.integration
 
 T0 = at("12:00:00")
-ALL = (queues.OUTBOX, queues.INBOX, queues.MAPPING, queues.MAINTENANCE)
 
 
 @pytest.fixture
@@ -44,23 +41,6 @@ def recognition_settings(database_url, nats_url, subject_prefix, tmp_path, redis
     )
     settings.redis.url = redis_url
     return settings
-
-
-@pytest.fixture
-async def listener(recognition_settings):
-    """A plain NATS subscriber on both request subjects, collecting what arrives."""
-    nc = await nats_py.connect(recognition_settings.nats.url)
-    received: list = []
-
-    async def collect(msg):
-        received.append(msg)
-
-    s = recognition_settings.nats
-    for name in (s.tabular_subject, s.image_subject):
-        await nc.subscribe(s.subject(name), cb=collect)
-    await nc.flush()
-    yield received
-    await nc.close()
 
 
 async def _wait_for(predicate, timeout_s=30.0):
@@ -208,16 +188,6 @@ async def test_republishes_still_dead_letter_when_nobody_answers_and_free_the_pl
     assert jobs[2]["published_at"] == T0 + timedelta(seconds=121), "its clock starts now"
 
 
-async def drain(stub_broker, stub_worker):
-    def join() -> None:
-        for _ in range(5):
-            for queue in ALL:
-                stub_broker.join(queue, fail_fast=True)
-            stub_worker.join()
-
-    await asyncio.to_thread(join)
-
-
 def _batch_item(settings, ref) -> dict:
     message = _ack(settings, ref)
     return {
@@ -233,7 +203,7 @@ async def test_an_ack_frees_a_place_and_the_inbox_nudge_publishes_the_next_job(
     recognition_resources.recognition.max_unacked_per_pipeline = 1
     refs = [await recognition_factory.create_job() for _ in range(2)]
     publish_recognition_requests.send()
-    await drain(stub_broker, stub_worker)
+    await drain_recognition(stub_broker, stub_worker)
     assert await _statuses(recognition_factory, refs) == ["published", "queued"]
     redis = aioredis.Redis.from_url(recognition_resources.redis.url)
     try:
@@ -242,7 +212,7 @@ async def test_an_ack_frees_a_place_and_the_inbox_nudge_publishes_the_next_job(
         await redis.aclose()
 
     apply_recognition_messages.send([_batch_item(recognition_resources, refs[0])])
-    await drain(stub_broker, stub_worker)
+    await drain_recognition(stub_broker, stub_worker)
 
     assert await _statuses(recognition_factory, refs) == ["processing", "published"]
     await _wait_for(lambda: len(listener) == 2)
@@ -255,12 +225,12 @@ async def test_an_ack_sends_no_pass_while_no_window_holds_jobs_back(
     recognition_resources.recognition.max_unacked_per_pipeline = 5
     sent = await recognition_factory.create_job()
     publish_recognition_requests.send()
-    await drain(stub_broker, stub_worker)
+    await drain_recognition(stub_broker, stub_worker)
     # A job queued without a nudge of its own: only a pass sent by the ack would publish it.
     unseen = await recognition_factory.create_job()
 
     apply_recognition_messages.send([_batch_item(recognition_resources, sent)])
-    await drain(stub_broker, stub_worker)
+    await drain_recognition(stub_broker, stub_worker)
 
     assert await _statuses(recognition_factory, [sent, unseen]) == ["processing", "queued"]
 
