@@ -70,7 +70,7 @@ async def mark_waiting(redis: aioredis.Redis, nats: NatsSettings) -> None:
     """A pass left a window full: jobs may wait for places acks will free."""
     try:
         await redis.set(waiting_key(nats), "1", ex=WAITING_TTL_S)
-    except RedisError as exc:  # the inbox then nudges anyway (see may_be_waiting)
+    except RedisError as exc:  # acks then send no pass: the outbox sweep refills it
         logger.warning("Full recognition window not recorded: %s", exc)
 
 
