@@ -29,7 +29,7 @@ from mailroom.recognition.reference import ReferenceRecognizer
 from mailroom.recognition.watchdog import expire_recognition_deadlines
 from mailroom.settings import SentrySettings
 from tests.fixtures.recognition import at
-from tests.integration.test_recognition_actors import drain
+from tests.fixtures.recognition import drain_recognition as drain
 from tests.sentry_events import capturing_sentry
 
 pytestmark = pytest.mark.integration
