@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import durability  # noqa: E402
-from stages import ProcessCpu, StageTimes  # noqa: E402
+from stages import ProcessCpu, StageTimes, outcome_line  # noqa: E402
 
 from mailroom.devtools.imap import DEMO_PASSWORD, DEMO_USER, ImapServer, demo_mailbox  # noqa: E402
 from mailroom.devtools.seed import build_mail, invoice_csv  # noqa: E402
@@ -320,6 +320,7 @@ def main() -> None:
             stages.collect(dict(arrivals.times))
             print("\n".join(stages.report(backlog)))
             print("\n".join(stages.timeline(5.0 if args.quick else 30.0)))
+            print(outcome_line(dsn, "backlog-"))
             total_cpu = sum(used.values())
             print(
                 f"CPU per mail by process (ms; {total_cpu:.1f} CPU s over {drain_s:.1f}s = {total_cpu / drain_s:.2f} cores):"

@@ -98,6 +98,35 @@ class StageTimes:
         return ["  time    " + " ".join(f"{s[:6]:>6}" for s in STAGES), *lines]
 
 
+#: How the run's jobs and notifications ended: a backlog must not turn into republishes and
+#: dead letters (flow control), nor into more notifications than mails.
+OUTCOME_SQL = """
+SELECT
+  (SELECT count(*) FROM recognition_job j JOIN stored_file f ON f.id = j.file_id
+     JOIN inbound_mail m ON m.id = f.mail_id WHERE m.subject LIKE %(p)s),
+  (SELECT count(*) FILTER (WHERE j.metrics ->> 'republish_count' IS NOT NULL)
+     FROM recognition_job j JOIN stored_file f ON f.id = j.file_id
+     JOIN inbound_mail m ON m.id = f.mail_id WHERE m.subject LIKE %(p)s),
+  (SELECT count(*) FILTER (WHERE j.status = 'dlq' OR j.error_code = 'NO_ACK')
+     FROM recognition_job j JOIN stored_file f ON f.id = j.file_id
+     JOIN inbound_mail m ON m.id = f.mail_id WHERE m.subject LIKE %(p)s),
+  (SELECT count(*) FROM channel_message c JOIN inbound_mail m ON m.id = c.mail_id
+     WHERE m.subject LIKE %(p)s)
+"""
+
+
+def outcome_line(dsn: str, prefix: str) -> str:
+    """One line: the run's jobs, those republished or dead-lettered, and its notifications."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(OUTCOME_SQL, {"p": f"{prefix}%"}).fetchone()
+    assert row is not None
+    jobs, republished, dead, notifications = (int(v) for v in row)
+    return (
+        f"outcome: {jobs} recognition jobs, {republished} republished, {dead} dead-lettered "
+        f"(NO_ACK); {notifications} notifications"
+    )
+
+
 class ProcessCpu:
     """User + system CPU seconds of processes and their children, by label."""
 
