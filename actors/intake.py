@@ -12,51 +12,20 @@ from actors.notifications import request_notification_pass
 from actors.recognition import publish_recognition_requests
 from actors.resources import current
 from actors.retry_policy import RetryPolicy
-from mailroom.config_store import effective, rows
-from mailroom.db import autocommit
+from mailroom.config_store import effective
 from mailroom.intake.pending import mark_polls_queued
 from mailroom.intake.poll import IntakeDeps, find_mailbox
 from mailroom.intake.poll import poll_mailbox as poll
 from mailroom.settings import IntakeSettings
 
-
-class _KeptIntakeSettings:
-    """``effective.intake_settings`` kept until the table's mailbox rows change.
-
-    Every poll needs them, and reading the rows (a transaction, each row decrypted)
-    cost a poll more than the one query that tells whether any changed: the
-    ``(max(version), count)`` of the mailbox rows moves on every write. Kept per
-    process; other sessions, settings or key load anew.
-    """
-
-    def __init__(self) -> None:
-        # Compared by identity and held here, so an id is never reused while it is compared.
-        self._sessions: async_sessionmaker[AsyncSession] | None = None
-        self._intake: IntakeSettings | None = None
-        self._seen: tuple[str, tuple[int, int]] | None = None
-        self._settings: IntakeSettings | None = None
-
-    async def get(
-        self, sessions: async_sessionmaker[AsyncSession], intake: IntakeSettings, key: str
-    ) -> IntakeSettings:
-        async with autocommit(sessions) as connection:
-            seen = (key, await rows.version_of(connection, "mailbox"))
-        same_source = self._sessions is sessions and self._intake is intake
-        if self._settings is not None and same_source and self._seen == seen:
-            return self._settings
-        # Read after the version: a write in between is simply loaded again next poll.
-        self._settings = await effective.intake_settings(sessions, intake, key)
-        self._sessions, self._intake, self._seen = sessions, intake, seen
-        return self._settings
-
-
-_KEPT = _KeptIntakeSettings()
+#: The mailboxes of the table, read again only when its mailbox rows change.
+_MAILBOXES = effective.RuntimeMailboxes()
 
 
 async def _intake_settings() -> IntakeSettings:
     """The intake settings with the mailboxes of the environment and the table, as of now."""
     resources = current()
-    return await _KEPT.get(
+    return await _MAILBOXES.get(
         await resources.sessions(),
         resources.settings.intake,
         resources.settings.runtime_config.key.get_secret_value(),

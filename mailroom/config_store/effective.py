@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionmaker
 
@@ -30,6 +31,8 @@ from mailroom.settings import (
 logger = logging.getLogger(__name__)
 
 Db = AsyncSession | AsyncConnection
+Sessions = async_sessionmaker[AsyncSession]
+S = TypeVar("S", IntakeSettings, DeliverySettings)
 
 
 def env_route_name(index: int) -> str:
@@ -147,7 +150,7 @@ class RuntimeAccounts:
 async def intake_settings(
     sessions: async_sessionmaker[AsyncSession], intake: IntakeSettings, key: str
 ) -> IntakeSettings:
-    """``intake`` with its mailboxes as the table says now (read per poll: a small table)."""
+    """``intake`` with its mailboxes as the table says now."""
     async with sessions() as session:
         found = await mailboxes(session, intake, Cipher(key))
     return intake.model_copy(update={"mailboxes": found})
@@ -162,33 +165,54 @@ async def delivery_routes(
     return delivery.model_copy(update={"routes": found})
 
 
-class RuntimeRoutes:
-    """``delivery_routes`` kept until the table's routes change: one version query per call.
+class KeptByVersion(Generic[S]):
+    """Settings with the rows of one kind applied, kept until those rows change.
 
-    A notification pass needs the routes each time, but reading the rows and
-    decrypting their secrets every pass cost more than the pass itself; the
-    ``(max(version), count)`` pair of the route rows changes on every write.
+    Readers need them on every pass or poll, but reading the rows and decrypting
+    their secrets each time cost more than the pass itself; the ``(max(version),
+    count)`` pair of the kind's rows changes on every write, one query to ask.
     Kept per process; a call with other settings, key or database loads anew.
     """
 
+    #: The ``runtime_config`` kind whose rows the settings carry.
+    kind: str
+
     def __init__(self) -> None:
         # Compared by identity and held here, so an id is never reused while it is compared.
-        self._sessions: async_sessionmaker[AsyncSession] | None = None
-        self._delivery: DeliverySettings | None = None
+        self._sessions: Sessions | None = None
+        self._base: S | None = None
         self._seen: tuple[str, tuple[int, int]] | None = None
-        self._settings: DeliverySettings | None = None
+        self._settings: S | None = None
 
-    async def get(
-        self, sessions: async_sessionmaker[AsyncSession], delivery: DeliverySettings, key: str
-    ) -> DeliverySettings:
+    async def get(self, sessions: Sessions, base: S, key: str) -> S:
         async with autocommit(sessions) as connection:
-            seen = (key, await rows.version_of(connection, "route"))
-        same_source = self._sessions is sessions and self._delivery is delivery
+            seen = (key, await rows.version_of(connection, self.kind))
+        same_source = self._sessions is sessions and self._base is base
         if self._settings is not None and same_source and self._seen == seen:
             return self._settings
         # Read after the version: a write in between is simply loaded again next time.
-        async with sessions() as session:
-            found = await routes(session, delivery, Cipher(key))
-        self._settings = delivery.model_copy(update={"routes": found})
-        self._sessions, self._delivery, self._seen = sessions, delivery, seen
+        self._settings = await self.load(sessions, base, key)
+        self._sessions, self._base, self._seen = sessions, base, seen
         return self._settings
+
+    async def load(self, sessions: Sessions, base: S, key: str) -> S:
+        """``base`` with the rows as the table says now."""
+        raise NotImplementedError
+
+
+class RuntimeRoutes(KeptByVersion[DeliverySettings]):
+    """``delivery_routes`` kept until the route rows change (notification passes)."""
+
+    kind = "route"
+
+    async def load(self, sessions: Sessions, base: DeliverySettings, key: str) -> DeliverySettings:
+        return await delivery_routes(sessions, base, key)
+
+
+class RuntimeMailboxes(KeptByVersion[IntakeSettings]):
+    """``intake_settings`` kept until the mailbox rows change (every poll needs them)."""
+
+    kind = "mailbox"
+
+    async def load(self, sessions: Sessions, base: IntakeSettings, key: str) -> IntakeSettings:
+        return await intake_settings(sessions, base, key)
