@@ -28,11 +28,11 @@ from datetime import datetime
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
 from sqlalchemy import func, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from mailroom.adapters.pass_requests import PassRequest
 from mailroom.db import transaction
 from mailroom.delivery.producer import create_messages, enqueue_messages
 from mailroom.models import ChannelMessage, Document, InboundMail, MailboxCursor, StoredFile
@@ -266,25 +266,16 @@ def pass_request_key(settings: DeliverySettings) -> str:
     return f"{settings.stream_key}:notify-pass-requested"
 
 
+def _pass_request(settings: DeliverySettings) -> PassRequest:
+    return PassRequest(pass_request_key(settings), PASS_REQUEST_TTL_S, "Notification pass")
+
+
 async def request_pass(redis: aioredis.Redis, settings: DeliverySettings) -> bool:
     """Mark a pass as wanted; True when the caller must send one (none is waiting to start).
 
     When Redis cannot be asked, True: a pass too many costs less than a mail left waiting.
     """
-    try:
-        return bool(
-            await redis.set(pass_request_key(settings), "1", nx=True, ex=PASS_REQUEST_TTL_S)
-        )
-    except RedisError as exc:
-        logger.warning("Notification pass request not recorded (%s); sending one", exc)
-        return True
-
-
-async def _clear_request(redis: aioredis.Redis, settings: DeliverySettings) -> None:
-    try:
-        await redis.delete(pass_request_key(settings))
-    except RedisError as exc:  # the mark expires; requests until then join this pass
-        logger.warning("Notification pass request not cleared: %s", exc)
+    return await _pass_request(settings).request(redis)
 
 
 async def notify_final_mails(
@@ -302,7 +293,7 @@ async def notify_final_mails(
     """
     limit = limit or settings.notification_batch_size
     # NOTE: before any read, so a mail made final by a request that found the mark set is seen.
-    await _clear_request(redis, settings)
+    await _pass_request(settings).started(redis)
     async with transaction(sessions) as session:
         await finalize_settled_mails(session, limit=limit)
         batch = await create_notifications(session, routes=settings.routes, limit=limit)

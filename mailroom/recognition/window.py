@@ -25,6 +25,7 @@ from collections.abc import Iterable
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from mailroom.adapters.pass_requests import PassRequest
 from mailroom.settings import NatsSettings
 
 logger = logging.getLogger(__name__)
@@ -80,7 +81,7 @@ async def request_pass(redis: aioredis.Redis, nats: NatsSettings) -> bool:
     too many costs less than jobs left waiting for the sweep."""
     keys = (waiting_key(nats), requested_key(nats))
     try:
-        return await redis.eval(_REQUEST_IF_WAITING, 2, *keys, REQUESTED_TTL_S) == 1
+        return bool(await redis.eval(_REQUEST_IF_WAITING, 2, *keys, REQUESTED_TTL_S) == 1)
     except RedisError as exc:
         logger.warning("Recognition window mark not read (%s); nudging the publisher", exc)
         return True
@@ -88,7 +89,4 @@ async def request_pass(redis: aioredis.Redis, nats: NatsSettings) -> bool:
 
 async def pass_started(redis: aioredis.Redis, nats: NatsSettings) -> None:
     """A publish pass starts: acks from now on ask for the next one."""
-    try:
-        await redis.delete(requested_key(nats))
-    except RedisError as exc:  # the request expires; acks until then join this pass
-        logger.warning("Publish pass request not cleared: %s", exc)
+    await PassRequest(requested_key(nats), REQUESTED_TTL_S, "Publish pass").started(redis)
