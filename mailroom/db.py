@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import psycopg
 from psycopg.pq import TransactionStatus
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import (
@@ -128,6 +129,28 @@ async def autocommit(
     async with engine.connect() as connection:
         await connection.execution_options(isolation_level="AUTOCOMMIT")
         yield connection
+
+
+@asynccontextmanager
+async def psycopg_autocommit(
+    sessions: async_sessionmaker[AsyncSession], *, clean: tuple[type[BaseException], ...] = ()
+) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    """The psycopg connection of ``autocommit``, for transactions spelled out in a pipeline.
+
+    Ended by an exception other than the ``clean`` ones, it may be mid-pipeline with its
+    protocol state unknown: it is closed rather than handed back to the pool.
+    """
+    async with autocommit(sessions) as connection:
+        pg = (await connection.get_raw_connection()).driver_connection
+        if not isinstance(pg, psycopg.AsyncConnection):
+            raise TypeError("pipelined statements need an engine on psycopg's async driver")
+        try:
+            yield pg
+        except clean:
+            raise
+        except BaseException:
+            await connection.invalidate()
+            raise
 
 
 @asynccontextmanager

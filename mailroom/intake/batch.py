@@ -23,16 +23,17 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import psycopg
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from mailroom.adapters.imap import FetchedMail, Mailbox
 from mailroom.adapters.storage import ObjectStore
+from mailroom.db import psycopg_autocommit
 from mailroom.errors import ClaimsExhausted, LeaseLost, MailFailed
 from mailroom.intake.after_ingest import apply_after_ingest
 from mailroom.intake.cursor import Claim, adopt_uidvalidity, count_attempt
@@ -146,27 +147,15 @@ def _exhausted(ctx: BatchContext, uid: int, deaths: int) -> MailFailed:
     return failed
 
 
-@asynccontextmanager
-async def _pipeline(ctx: BatchContext) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+def _pipeline(ctx: BatchContext) -> AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]:
     """One connection for the batch's per-mail transactions: no pool checkout per mail.
 
     Autocommit: each mail's transaction is spelled out (BEGIN … COMMIT) in the pipeline.
+    A batch that ends in ``MailFailed`` or ``LeaseLost`` ended the pipeline cleanly; any
+    other end closes the connection. Transactions Postgres already ran are whole and
+    fenced, and the cursor row says how far they got.
     """
-    async with _engine(ctx.sessions).connect() as conn:
-        await conn.execution_options(isolation_level="AUTOCOMMIT")
-        pg = (await conn.get_raw_connection()).driver_connection
-        if not isinstance(pg, psycopg.AsyncConnection):
-            raise TypeError("intake needs an engine on psycopg's async driver")
-        try:
-            yield pg
-        except (MailFailed, LeaseLost):
-            raise  # the pipeline ended cleanly: the connection is fine for the pool
-        except BaseException:
-            # Cancelled or failed mid-pipeline, the connection's protocol state is unknown:
-            # close it rather than hand it back to the pool. Transactions Postgres already
-            # has run on; each is whole and fenced, and the cursor row says how far they got.
-            await conn.invalidate()
-            raise
+    return psycopg_autocommit(ctx.sessions, clean=(MailFailed, LeaseLost))
 
 
 async def _ingest_one_by_one(
@@ -310,13 +299,6 @@ def bounded_runs(
     if run:
         runs.append(run)
     return runs
-
-
-def _engine(sessions: async_sessionmaker[AsyncSession]) -> AsyncEngine:
-    bind = sessions.kw.get("bind")
-    if not isinstance(bind, AsyncEngine):
-        raise TypeError("intake needs a sessionmaker bound to an AsyncEngine")
-    return bind
 
 
 async def _commit_next(

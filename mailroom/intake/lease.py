@@ -16,8 +16,9 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 import psycopg
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from mailroom.db import psycopg_autocommit
 from mailroom.errors import LeaseLost
 
 logger = logging.getLogger(__name__)
@@ -75,14 +76,7 @@ async def lease_write(
     count and the finish of every poll cost the intake worker more CPU that way than
     parsing the poll's mails did. The first row the statement returns, if any.
     """
-    engine = sessions.kw.get("bind")
-    if not isinstance(engine, AsyncEngine):
-        raise TypeError("intake needs a sessionmaker bound to an AsyncEngine")
-    async with engine.connect() as conn:
-        await conn.execution_options(isolation_level="AUTOCOMMIT")
-        pg = (await conn.get_raw_connection()).driver_connection
-        if not isinstance(pg, psycopg.AsyncConnection):
-            raise TypeError("intake needs an engine on psycopg's async driver")
+    async with psycopg_autocommit(sessions, clean=(psycopg.Error,)) as pg:
         try:
             async with pg.pipeline():
                 await pg.execute("BEGIN")
@@ -93,10 +87,5 @@ async def lease_write(
         except psycopg.Error:
             if not pg.closed:
                 await pg.rollback()  # the failed transaction block, if it is still open
-            raise
-        except BaseException:
-            # Cancelled mid-pipeline: the connection's protocol state is unknown, so it is
-            # closed rather than handed back to the pool.
-            await conn.invalidate()
             raise
     return row
