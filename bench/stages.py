@@ -101,17 +101,14 @@ class StageTimes:
 #: How the run's jobs and notifications ended: a backlog must not turn into republishes and
 #: dead letters (flow control), nor into more notifications than mails.
 OUTCOME_SQL = """
-SELECT
-  (SELECT count(*) FROM recognition_job j JOIN stored_file f ON f.id = j.file_id
-     JOIN inbound_mail m ON m.id = f.mail_id WHERE m.subject LIKE %(p)s),
-  (SELECT count(*) FILTER (WHERE j.metrics ->> 'republish_count' IS NOT NULL)
-     FROM recognition_job j JOIN stored_file f ON f.id = j.file_id
-     JOIN inbound_mail m ON m.id = f.mail_id WHERE m.subject LIKE %(p)s),
-  (SELECT count(*) FILTER (WHERE j.status = 'dlq' OR j.error_code = 'NO_ACK')
-     FROM recognition_job j JOIN stored_file f ON f.id = j.file_id
-     JOIN inbound_mail m ON m.id = f.mail_id WHERE m.subject LIKE %(p)s),
-  (SELECT count(*) FROM channel_message c JOIN inbound_mail m ON m.id = c.mail_id
-     WHERE m.subject LIKE %(p)s)
+SELECT count(*),
+       count(*) FILTER (WHERE j.metrics ->> 'republish_count' IS NOT NULL),
+       count(*) FILTER (WHERE j.status = 'dlq' OR j.error_code = 'NO_ACK'),
+       (SELECT count(*) FROM channel_message c JOIN inbound_mail m ON m.id = c.mail_id
+         WHERE m.subject LIKE %(p)s)
+  FROM recognition_job j JOIN stored_file f ON f.id = j.file_id
+  JOIN inbound_mail m ON m.id = f.mail_id
+ WHERE m.subject LIKE %(p)s
 """
 
 
