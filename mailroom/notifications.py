@@ -22,20 +22,20 @@ routes and mails are notified and the mail is still stamped.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 import redis.asyncio as aioredis
-from sqlalchemy import func, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from mailroom import notifications_sql
 from mailroom.adapters.pass_requests import PassRequest
 from mailroom.db import transaction
 from mailroom.delivery.producer import create_messages, enqueue_messages
-from mailroom.models import ChannelMessage, Document, InboundMail, MailboxCursor, StoredFile
+from mailroom.models import ChannelMessage
 from mailroom.recognition.finality import finalize_settled_mails
 from mailroom.settings import DeliverySettings, NotificationRoute
 
@@ -123,45 +123,43 @@ def render_route(route: NotificationRoute, summary: MailSummary) -> tuple[str, s
     return route.subject.format_map(context), route.template.format_map(context)
 
 
-async def _summaries(session: AsyncSession, mails: Sequence[InboundMail]) -> list[MailSummary]:
-    ids = [mail.id for mail in mails]
-    mailbox_rows = await session.execute(
-        select(InboundMail.id, MailboxCursor.mailbox)
-        .join(MailboxCursor, MailboxCursor.id == InboundMail.cursor_id)
-        .where(InboundMail.id.in_(ids))
-    )
-    cursors: dict[int, str] = {mail_id: mailbox for mail_id, mailbox in mailbox_rows}
-    files = await session.execute(
-        select(StoredFile, Document)
-        .outerjoin(Document, Document.job_id == StoredFile.current_recognition_job_id)
-        .where(StoredFile.mail_id.in_(ids))
-        .order_by(StoredFile.id)
-    )
-    by_mail: dict[int, list[FileSummary]] = {mail_id: [] for mail_id in ids}
-    for stored, document in files:
-        assert stored.mail_id is not None
-        by_mail[stored.mail_id].append(
+async def _summaries(session: AsyncSession, mails: Sequence[Any]) -> list[MailSummary]:
+    """The summaries of ``mails`` (rows or ``InboundMail``s with an ``id``), in their order."""
+    rows = await session.execute(notifications_sql.SUMMARIES, {"ids": [m.id for m in mails]})
+    by_id = {summary.mail_id: summary for summary, _ in _from_rows(rows)}
+    return [by_id[mail.id] for mail in mails]
+
+
+def _from_rows(rows: Iterable[Any]) -> list[tuple[MailSummary, Any]]:
+    """Summary rows (``notifications_sql``) → each mail's summary and its row, in row order."""
+    mails: dict[int, tuple[MailSummary, Any]] = {}
+    for row in rows:
+        entry = mails.get(row.mail_id)
+        if entry is None:
+            summary = MailSummary(
+                mail_id=row.mail_id,
+                mailbox=row.mailbox or "?",
+                uid=row.uid,
+                subject=row.subject or "(no subject)",
+                sender=row.sender or "(unknown sender)",
+                files=[],
+                problem=row.last_error,
+            )
+            entry = mails[row.mail_id] = (summary, row)
+        if row.file_id is None:
+            continue
+        has_document = row.document_type is not None
+        entry[0].files.append(
             FileSummary(
-                name=stored.original_name,
-                status=stored.status,
-                reason=stored.status_reason,
-                document_type=document.document_type if document else None,
-                fields=dict(document.fields) if document else {},
-                missing=list(document.missing_fields) if document else [],
+                name=row.original_name,
+                status=row.file_status,
+                reason=row.status_reason,
+                document_type=row.document_type,
+                fields=dict(row.fields or {}) if has_document else {},
+                missing=list(row.missing_fields or []) if has_document else [],
             )
         )
-    return [
-        MailSummary(
-            mail_id=mail.id,
-            mailbox=cursors.get(mail.id, "?"),
-            uid=mail.uid,
-            subject=mail.subject or "(no subject)",
-            sender=mail.sender or "(unknown sender)",
-            files=by_mail[mail.id],
-            problem=mail.last_error,
-        )
-        for mail in mails
-    ]
+    return list(mails.values())
 
 
 @dataclass
@@ -183,32 +181,25 @@ async def create_notifications(
     runs never notify one mail twice; the dedupe key (mail, final state, route)
     makes a repeat after a crash a no-op. ``notified_at`` is ``now``, or the
     database's ``now()`` (read by the claiming statement itself) when not given.
+    One statement claims, stamps and reads the mails, one inserts their messages.
     """
-    claimed = (
-        await session.execute(
-            select(InboundMail, func.now())
-            .where(InboundMail.status == "final", InboundMail.notified_at.is_(None))
-            .order_by(InboundMail.id)
-            .limit(limit)
-            .with_for_update(skip_locked=True)
-        )
-    ).all()
-    mails = [mail for mail, _ in claimed]
-    batch = NotificationBatch(mails=len(mails))
-    if not mails:
+    claimed = _from_rows(
+        await session.execute(notifications_sql.CLAIM, {"limit": limit, "now": now})
+    )
+    batch = NotificationBatch(mails=len(claimed))
+    if not claimed:
         return batch
-    now = now or claimed[0][1]
     values: list[dict[str, Any]] = []
-    for summary, mail in zip(await _summaries(session, mails), mails, strict=True):
-        state = int((mail.finalized_at or now).timestamp() * 1000)
+    for summary, row in claimed:
+        state = int((row.finalized_at or row.notified_at).timestamp() * 1000)
         for number, route in enumerate(routes):
-            key = f"mail:{mail.id}:final:{state}:route:{number}"
+            key = f"mail:{summary.mail_id}:final:{state}:route:{number}"
             try:  # settings check templates at load; what still raises is this route's alone
                 if not route_matches(route, summary):
                     continue
                 subject, body = render_route(route, summary)
             except Exception as exc:
-                await _record_route_failure(session, route, number, mail.id, key, exc)
+                await _record_route_failure(session, route, number, summary.mail_id, key, exc)
                 continue
             values.append(
                 {
@@ -218,18 +209,12 @@ async def create_notifications(
                     "subject": subject,
                     "body": body,
                     "dedupe_key": key,
-                    "mail_id": mail.id,
+                    "mail_id": summary.mail_id,
                 }
             )
     batch.message_ids = await create_messages(session, values)
-    await session.execute(
-        update(InboundMail)
-        .where(InboundMail.id.in_([mail.id for mail in mails]))
-        .values(notified_at=now)
-        .execution_options(synchronize_session=False)
-    )
     logger.info(
-        "Created %d notification(s) for %d final mail(s)", len(batch.message_ids), len(mails)
+        "Created %d notification(s) for %d final mail(s)", len(batch.message_ids), len(claimed)
     )
     return batch
 

@@ -7,18 +7,18 @@ re-add sweep (``readd_pending_deliveries``) puts such messages on the stream.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
-from sqlalchemy import and_, func, or_, select, update
-from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy import and_, or_, select, text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from mailroom.adapters.redis import DeliveryRedis
 from mailroom.clock import db_after
-from mailroom.db import transaction
+from mailroom.db import autocommit, transaction
 from mailroom.models import ChannelMessage
 from mailroom.settings import DeliverySettings
 
@@ -60,27 +60,36 @@ async def create_message(
     return ids[0] if ids else None
 
 
-#: Messages inserted per statement (up to 10 parameters each; a statement takes at most 32767).
-INSERT_CHUNK = 1_000
+#: Pending messages from one JSON array: a statement compiled once, whatever the count (an
+#: ORM multi-row insert is built anew for each count, with a parameter per value).
+_INSERT_MESSAGES = text(
+    """
+    INSERT INTO channel_message (channel, account, recipient, subject, body, dedupe_key,
+                                 mail_id, document_id, status)
+    SELECT r.channel, COALESCE(r.account, 'default'), r.recipient, r.subject, r.body,
+           r.dedupe_key, r.mail_id, r.document_id, 'pending'
+      FROM jsonb_to_recordset(CAST(:messages AS jsonb))
+           AS r(channel text, account text, recipient text, subject text, body text,
+                dedupe_key text, mail_id bigint, document_id bigint)
+    ON CONFLICT (dedupe_key) DO NOTHING
+    RETURNING id
+    """
+)
+
+_MARK_ENQUEUED = text("UPDATE channel_message SET enqueued_at = now() WHERE id = ANY(:ids)")
 
 
 async def create_messages(session: AsyncSession, messages: Sequence[dict[str, Any]]) -> list[int]:
     """Insert pending messages (``ChannelMessage`` columns) in the caller's transaction.
 
     Returns the ids of the new ones in ascending order; a message whose ``dedupe_key``
-    is already used inserts nothing (the earlier one stands). A chunk per statement.
+    is already used inserts nothing (the earlier one stands). One statement for all.
     Call ``enqueue_messages`` after the commit.
     """
-    ids: list[int] = []
-    for start in range(0, len(messages), INSERT_CHUNK):
-        statement = (
-            insert(ChannelMessage)
-            .values([{**m, "status": "pending"} for m in messages[start : start + INSERT_CHUNK]])
-            .on_conflict_do_nothing(index_elements=["dedupe_key"])
-            .returning(ChannelMessage.id)
-        )
-        ids += sorted(message_id for (message_id,) in await session.execute(statement))
-    return ids
+    if not messages:
+        return []
+    rows = await session.execute(_INSERT_MESSAGES, {"messages": json.dumps(list(messages))})
+    return sorted(message_id for (message_id,) in rows)
 
 
 async def add_to_stream(
@@ -93,13 +102,9 @@ async def add_to_stream(
 
 
 async def mark_enqueued(session: AsyncSession, message_ids: Sequence[int]) -> None:
-    """Record when the messages were put on the stream."""
+    """Record when the messages were put on the stream (in the caller's transaction)."""
     if message_ids:
-        await session.execute(
-            update(ChannelMessage)
-            .where(ChannelMessage.id.in_(list(message_ids)))
-            .values(enqueued_at=func.now())
-        )
+        await session.execute(_MARK_ENQUEUED, {"ids": list(message_ids)})
 
 
 async def enqueue_messages(
@@ -114,8 +119,9 @@ async def enqueue_messages(
     if not ids:
         return
     await add_to_stream(redis, ids, settings=settings)
-    async with transaction(sessions) as session:
-        await mark_enqueued(session, ids)
+    # One statement: in autocommit, no BEGIN and COMMIT round trips around it.
+    async with autocommit(sessions) as connection:
+        await connection.execute(_MARK_ENQUEUED, {"ids": ids})
 
 
 async def readd_pending_messages(
