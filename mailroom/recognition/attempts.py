@@ -90,6 +90,14 @@ async def give_back(
         logger.warning("Could not give back %s of %d job(s)", key, len(job_ids), exc_info=True)
 
 
+async def give_back_in(session: AsyncSession, job_ids: Collection[uuid.UUID], key: str) -> None:
+    """Uncount attempts in the caller's transaction, so the give-back commits with the work
+    it ends (one commit, not two) and goes with it when that work rolls back."""
+    if job_ids:
+        ids = uuid_array(sorted(set(job_ids)))
+        await session.execute(_COUNT, {"ids": ids, "key": key, "step": -1})
+
+
 #: The advisory lock under which a suspect attempt runs alone: one for the inbox and mapping,
 #: as a death in one charges the other's attempts in flight in the same process too.
 ALONE_KEY = 0x7265_636F  # "reco"

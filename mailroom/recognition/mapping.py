@@ -202,12 +202,16 @@ async def _map_counted_batch(
             sessions, [job.id for job in raced], attempts.MAPPING_BATCH_ATTEMPTS
         )
     batch = [job for job in jobs if counts.get(job.id) == 1]
+    given_back: set[uuid.UUID] = set()
     try:
-        return await _map_batch(sessions, store, batch, settings, now), raced
+        return await _map_batch(sessions, store, batch, settings, now, given_back), raced
     finally:
         # However it ended, this attempt came back: only attempts that died stay counted.
+        # The batch's write gave back its own jobs' attempts when it committed.
         await attempts.give_back(
-            sessions, [job.id for job in batch], attempts.MAPPING_BATCH_ATTEMPTS
+            sessions,
+            [job.id for job in batch if job.id not in given_back],
+            attempts.MAPPING_BATCH_ATTEMPTS,
         )
 
 
@@ -217,7 +221,10 @@ async def _map_batch(
     jobs: list[Any],
     settings: RecognitionSettings,
     now: datetime | None,
+    given_back: set[uuid.UUID],
 ) -> dict[uuid.UUID, MappingOutcome]:
+    """Decide the jobs, write the decisions together; ``given_back`` gets the jobs whose
+    batch attempt the write gave back."""
     if not jobs:
         return {}
     reads = asyncio.Semaphore(READ_CONCURRENCY)
@@ -239,7 +246,10 @@ async def _map_batch(
     if not decisions:
         return outcomes
     try:
-        written = await write_decisions(sessions, decisions, now=now)
+        written = await write_decisions(
+            sessions, decisions, now=now, give_back=attempts.MAPPING_BATCH_ATTEMPTS
+        )
+        given_back.update(decision.job_id for decision in decisions)
     except Exception as exc:
         if _connection_lost(exc):
             raise
@@ -305,6 +315,7 @@ async def _counted(
     """Count the attempt, then map (or settle the job as exhausted); give the attempt back."""
     counts = await attempts.count_attempts(sessions, [job.id], attempts.MAPPING_ATTEMPTS)
     tries = counts[job.id]
+    given_back = False
     try:
         if tries > settings.max_processing_attempts:
             # Not replayed: a new attempt would likely bring the result that killed its workers.
@@ -318,11 +329,16 @@ async def _counted(
             decision = Decision(job.id, verdict, retry=False)
         else:
             decision = await _decide(store, job, settings)
-        [outcome] = await write_decisions(sessions, [decision], now=now)
+        [outcome] = await write_decisions(
+            sessions, [decision], now=now, give_back=attempts.MAPPING_ATTEMPTS
+        )
+        given_back = True
         return outcome
     finally:
-        # However it ended, this attempt came back: only attempts that died stay counted.
-        await attempts.give_back(sessions, [job.id], attempts.MAPPING_ATTEMPTS)
+        # However it ended, this attempt came back: only attempts that died stay counted
+        # (a committed write gave it back already).
+        if not given_back:
+            await attempts.give_back(sessions, [job.id], attempts.MAPPING_ATTEMPTS)
 
 
 async def _decide(store: ResultReader, job: Any, settings: RecognitionSettings) -> Decision:

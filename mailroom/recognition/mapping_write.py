@@ -20,6 +20,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from mailroom.recognition import attempts
 from mailroom.recognition.finality import finalize_mails
 from mailroom.recognition.mapping_verdict import (
     MAPPING_ACTOR,
@@ -90,8 +91,13 @@ async def write_decisions(
     decisions: Sequence[Decision],
     *,
     now: datetime | None = None,
+    give_back: str | None = None,
 ) -> list[MappingOutcome]:
-    """Write each decision in one transaction; the outcomes, in the decisions' order."""
+    """Write each decision in one transaction; the outcomes, in the decisions' order.
+
+    With ``give_back`` (an attempts key), the decisions' jobs get that attempt back in the
+    same transaction: it came back if the write commits, and stays counted if it does not.
+    """
     if not decisions:
         return []
     async with sessions() as session, session.begin():
@@ -111,6 +117,9 @@ async def write_decisions(
         if todo:
             now = now or locked[todo[0].job_id].db_now
             await _write(session, todo, locked, outcomes, now)
+        if give_back is not None:
+            # NOTE: only rows the lock above holds, so no lock is taken out of id order.
+            await attempts.give_back_in(session, list(locked), give_back)
     ordered = [outcomes[d.job_id] for d in decisions]
     for outcome in ordered:
         if outcome.applied == "mapped":

@@ -60,6 +60,28 @@ async def test_a_batch_maps_every_job_and_names_each_mail_it_made_final(flow, re
         assert "mapping_batch_attempts" not in job["metrics"], "the batch's attempt came back"
 
 
+async def test_the_batch_write_gives_the_attempts_back_in_its_own_commit(
+    flow, recognition_factory, monkeypatch
+):
+    refs = await answered(flow, recognition_factory, [invoice(), invoice()])
+    separate: list[list] = []
+    give_back = attempts.give_back
+
+    async def recorded(sessions, job_ids, key):
+        separate.append(list(job_ids))
+        await give_back(sessions, job_ids, key)
+
+    monkeypatch.setattr(attempts, "give_back", recorded)
+    outcomes = await map_batch(flow, [r.job_id for r in refs])
+
+    assert [o.applied for o in outcomes] == ["mapped", "mapped"]
+    assert [ids for ids in separate if ids] == [], "no give-back of its own: one commit fewer"
+    for ref in refs:
+        assert (
+            "mapping_batch_attempts" not in (await recognition_factory.job(ref.job_id))["metrics"]
+        )
+
+
 async def test_two_files_of_one_mail_in_one_batch_make_it_final_once(flow, recognition_factory):
     first = await recognition_factory.create_job(status="processing")
     second = await recognition_factory.create_job(status="processing", mail_id=first.mail_id)
