@@ -25,7 +25,7 @@ from sqlalchemy import (
     func,
     text,
 )
-from sqlalchemy.dialects.postgresql import JSONB, UUID
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 NAMING_CONVENTION = {
@@ -309,6 +309,20 @@ class RecognitionJob(Base):
     kind: Mapped[str] = mapped_column(String(20), server_default="automatic")
     #: Who made a manual attempt (``mailroom review``); NULL for automatic ones.
     operator_id: Mapped[str | None] = mapped_column(String(200))
+
+
+class InboxBatchAttempt(Base):
+    """An inbox batch's attempt at its jobs, written before the work (ARCHITECTURE.md, attempts).
+
+    The batch deletes it in its own transaction; a row left over is a batch whose worker
+    died, and makes the next batch holding one of these jobs apply its messages one by one.
+    """
+
+    __tablename__ = "inbox_batch_attempt"
+
+    id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
+    job_ids: Mapped[list[uuid.UUID]] = mapped_column(ARRAY(UUID(as_uuid=True)))
+    started_at: Mapped[datetime] = _now()
 
 
 class Document(Base):
