@@ -54,8 +54,6 @@ CONFIGS = ((1, 8), (2, 8))
 #: Messages per measurement of a full run, and of ``--quick`` (which must end within a minute).
 FULL_MESSAGES = 10_000
 QUICK_MESSAGES = 1_000
-#: Connections of one httpx client by default: the most POSTs one worker process has in flight.
-RAW_CONNECTIONS = 100
 #: Fewest runs of each ingest measurement (short ones, so noisy), best taken.
 INGEST_ROUNDS = 3
 
@@ -253,10 +251,13 @@ class Bench:
             phases(boot=warm - began, first=start - warm, delivery=end - start)
         finally:
             phases(stop=self.stop(bridge, workers))
-        # Each worker process sends through one pooled httpx client (100 connections, httpx's
-        # default): at most that many POSTs in flight per process, whatever the lanes.
+        # Each worker process has at most the account's max_in_flight POSTs in flight, whatever
+        # the lanes, over clients of CONNECTIONS_PER_CLIENT connections; the raw POSTs too.
+        from mailroom.settings import WebhookAccount
+
         lanes = threads * DeliverySettings().batch_concurrency
-        concurrency = processes * min(lanes, RAW_CONNECTIONS)
+        in_flight = WebhookAccount(url=self.sink_url).max_in_flight
+        concurrency = processes * min(lanes, in_flight)
         raw = subprocess.run(
             [
                 sys.executable,

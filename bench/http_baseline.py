@@ -4,7 +4,8 @@
   does (``mailroom.webhooks.verify``) and answers 200, over HTTP/1.1 keep-alive,
   until SIGTERM;
 * ``posts URL SECRET COUNT CONCURRENCY``: the raw baseline, httpx POSTs of the bodies
-  the webhook channel sends (same JSON, same signature headers) at a concurrency;
+  the webhook channel sends (same JSON, same signature headers) at a concurrency, over
+  clients of the channel's pool size;
   prints the rate in POSTs per second.
 """
 
@@ -64,6 +65,7 @@ async def posts(url: str, secret: str, count: int, concurrency: int) -> float:
     import httpx
 
     from mailroom import webhooks
+    from mailroom.adapters.channels.webhook import CONNECTIONS_PER_CLIENT
 
     queue: asyncio.Queue[int] = asyncio.Queue()
     for n in range(1, count + 1):
@@ -89,11 +91,21 @@ async def posts(url: str, secret: str, count: int, concurrency: int) -> float:
             response = await client.post(url, content=body, headers=headers)
             response.raise_for_status()
 
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(timeout=30, trust_env=False, limits=limits) as client:
+    # Spread over clients of as many connections as the webhook channel's (a request's CPU in
+    # httpx grows with its pool's connections), each filled like the channel fills them.
+    per_client = CONNECTIONS_PER_CLIENT
+    limits = httpx.Limits(max_connections=per_client, max_keepalive_connections=per_client)
+    clients = [
+        httpx.AsyncClient(timeout=30, trust_env=False, limits=limits)
+        for _ in range(-(-concurrency // per_client))
+    ]
+    try:
         started = time.perf_counter()
-        await asyncio.gather(*(post_all(client) for _ in range(concurrency)))
+        await asyncio.gather(*(post_all(clients[n // per_client]) for n in range(concurrency)))
         return count / (time.perf_counter() - started)
+    finally:
+        for client in clients:
+            await client.aclose()
 
 
 if __name__ == "__main__":

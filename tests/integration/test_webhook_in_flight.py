@@ -1,0 +1,104 @@
+"""An account's webhook requests in flight are capped per process, over small pools.
+
+A real HTTP/1.1 server on loopback holds every request until the test lets them go,
+so what it sees at once is what the channel has in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from mailroom.adapters.channels.webhook import CONNECTIONS_PER_CLIENT, WebhookChannel
+from mailroom.delivery.ports import Envelope
+from mailroom.settings import DeliverySettings, WebhookAccount
+
+pytestmark = pytest.mark.integration
+
+
+class HoldingReceiver:
+    """Answers 200 to each POST once ``release`` is set; counts requests and connections."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.in_flight = 0
+        self.peak = 0
+        self.answered = 0
+        self.connections = 0
+        self.reached = asyncio.Event()
+        self.expect = 0
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            while head := await reader.readuntil(b"\r\n\r\n"):
+                length = next(
+                    int(line.split(b":", 1)[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length:")
+                )
+                await reader.readexactly(length)
+                self.in_flight += 1
+                self.peak = max(self.peak, self.in_flight)
+                if self.in_flight == self.expect:
+                    self.reached.set()
+                await self.release.wait()
+                self.in_flight -= 1
+                self.answered += 1
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+async def test_requests_in_flight_stop_at_the_accounts_cap_and_the_rest_wait():
+    receiver = HoldingReceiver()
+    receiver.expect = 12
+    server = await asyncio.start_server(receiver.serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    settings = DeliverySettings(
+        webhook_accounts={
+            "default": WebhookAccount(url=f"http://127.0.0.1:{port}/hook", max_in_flight=12)
+        },
+        webhook_allowed_hosts=["127.0.0.1"],
+        webhook_allow_http=True,
+    )
+    channel = WebhookChannel("default", settings)
+    sends = [
+        asyncio.create_task(
+            channel.send(Envelope(n, "webhook", "default", "ops", "Invoice", "total", 1, 1))
+        )
+        for n in range(40)
+    ]
+    try:
+        await asyncio.wait_for(receiver.reached.wait(), 10)
+        # Every other send has had its turns of the loop to get past the cap, if it could.
+        for _ in range(50):
+            await asyncio.sleep(0)
+        assert receiver.in_flight == 12
+        assert receiver.answered == 0
+        # Two clients of at most 8 connections each hold the 12.
+        assert receiver.connections == 12
+        assert len(channel._pool._clients) == -(-12 // CONNECTIONS_PER_CLIENT) == 2
+        receiver.release.set()
+        await asyncio.wait_for(asyncio.gather(*sends), 10)
+        assert receiver.answered == 40
+        assert receiver.peak == 12
+        # The waiting sends reused the connections the first ones opened.
+        assert receiver.connections == 12
+    finally:
+        receiver.release.set()
+        for task in sends:
+            task.cancel()
+        await asyncio.gather(*sends, return_exceptions=True)
+        await channel.aclose()
+        server.close()
+        await server.wait_closed()
+
+
+def test_the_cap_is_a_positive_count():
+    with pytest.raises(ValueError, match="greater than 0"):
+        WebhookAccount(url="http://127.0.0.1/hook", max_in_flight=0)
