@@ -12,10 +12,12 @@ from actors.notifications import request_notification_pass
 from actors.recognition import publish_recognition_requests
 from actors.resources import current
 from actors.retry_policy import RetryPolicy
+from mailroom import actor_names
 from mailroom.config_store import effective
 from mailroom.intake.pending import mark_polls_queued
 from mailroom.intake.poll import IntakeDeps, find_mailbox
 from mailroom.intake.poll import poll_mailbox as poll
+from mailroom.recognition import window
 from mailroom.settings import IntakeSettings
 
 #: The mailboxes of the table, read again only when its mailbox rows change.
@@ -33,8 +35,15 @@ async def _intake_settings() -> IntakeSettings:
 
 
 async def _nudge_publisher() -> None:
-    # Sending talks to the broker synchronously: keep it off the event loop.
-    await asyncio.to_thread(publish_recognition_requests.send)
+    """Ask for an outbox pass: one queued and not yet started serves every poll's jobs.
+
+    Without the mark each poll queued a pass of its own, and a backlog of many small
+    polls cost the downstream worker one pass per poll (``window.publish_pass``).
+    """
+    resources = current()
+    if await window.publish_pass(resources.settings.nats).request(await resources.redis()):
+        # Sending talks to the broker synchronously: keep it off the event loop.
+        await asyncio.to_thread(publish_recognition_requests.send)
 
 
 # Failures of a batch are recorded on the cursor with their own backoff, so the actor
@@ -77,7 +86,7 @@ async def _send_polls(
 
 
 # One attempt: the scheduler sends the next one within a poll interval.
-@dramatiq.actor(queue_name=queues.INTAKE, retry_policy=RetryPolicy(max_attempts=1))
+@dramatiq.actor(**actor_names.POLL_MAILBOXES.declared, retry_policy=RetryPolicy(max_attempts=1))
 async def poll_mailboxes() -> None:
     """Send ``poll_mailbox`` for each enabled mailbox (the environment's and the table's)."""
     intake = await _intake_settings()

@@ -87,6 +87,11 @@ async def request_pass(redis: aioredis.Redis, nats: NatsSettings) -> bool:
         return True
 
 
+def publish_pass(nats: NatsSettings) -> PassRequest:
+    """The mark of a queued publish pass: intake's nudges ask for one through it too."""
+    return PassRequest(requested_key(nats), REQUESTED_TTL_S, "Publish pass")
+
+
 async def pass_started(redis: aioredis.Redis, nats: NatsSettings) -> None:
-    """A publish pass starts: acks from now on ask for the next one."""
-    await PassRequest(requested_key(nats), REQUESTED_TTL_S, "Publish pass").started(redis)
+    """A publish pass starts: acks and intake's nudges from now on ask for the next one."""
+    await publish_pass(nats).started(redis)

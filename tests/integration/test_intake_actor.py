@@ -2,27 +2,37 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
 import psycopg
 import pytest
+import redis.asyncio as aioredis
 
 import actors.resources
 from actors.intake import poll_mailbox
 from mailroom.config_store import effective
-from mailroom.settings import DatabaseSettings, IntakeSettings, Settings, StorageSettings
+from mailroom.recognition import window
+from mailroom.settings import (
+    DatabaseSettings,
+    IntakeSettings,
+    RedisSettings,
+    Settings,
+    StorageSettings,
+)
 from tests.fixtures.imap import csv_mail
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-def settings(database_url, tmp_path, imap_server, imap_folder):
+def settings(database_url, redis_url, tmp_path, imap_server, imap_folder):
     mailbox = imap_server.mailbox_settings("box", imap_folder, batch_size=2)
     settings = Settings(
         state_dir=tmp_path,
         database=DatabaseSettings(url=database_url, pool_size=2),
+        redis=RedisSettings(url=redis_url),
         storage=StorageSettings(kind="filesystem"),
         intake=IntakeSettings(mailboxes=[mailbox]),
     )
@@ -48,9 +58,35 @@ def test_poll_stores_mail_nudges_the_publisher_and_polls_again_while_mail_waits(
 
     stored = _query(settings, "SELECT uid FROM inbound_mail WHERE status = 'stored' ORDER BY uid")
     assert [uid for (uid,) in stored] == uids, "a full batch of 2 re-sent the poll for the third"
-    # One nudge per committed group with jobs: the batch of two, then the third mail.
-    assert stub_broker.queues["outbox"].qsize() == 2
+    # Both polls nudged; the pass the first one queued has not started, so it serves the second.
+    assert stub_broker.queues["outbox"].qsize() == 1
     assert stub_broker.dead_letters == []
+
+
+def test_a_nudge_after_the_pass_started_queues_the_next_pass(
+    settings, redis_url, stub_broker, intake_worker, imap_server, imap_folder
+):
+    imap_server.append(imap_folder, csv_mail(0))
+    poll_mailbox.send("box")
+    stub_broker.join("intake", fail_fast=True)
+    intake_worker.join()
+
+    async def pass_starts() -> None:
+        redis = aioredis.Redis.from_url(redis_url)
+        try:
+            await window.pass_started(redis, settings.nats)
+        finally:
+            await redis.aclose()
+
+    asyncio.run(pass_starts())
+    imap_server.append(imap_folder, csv_mail(1))
+    poll_mailbox.send("box")
+    stub_broker.join("intake", fail_fast=True)
+    intake_worker.join()
+
+    assert _query(settings, "SELECT count(*) FROM inbound_mail") == [(2,)]
+    # The jobs committed after the first pass started (and read) need a pass of their own.
+    assert stub_broker.queues["outbox"].qsize() == 2
 
 
 def test_the_mailboxes_are_read_once_while_their_rows_do_not_change(
