@@ -9,10 +9,12 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from dramatiq import Message
+from dramatiq.brokers import redis as dramatiq_redis
 
 from actors.wakeups import WakingRedisBroker
 
@@ -78,6 +80,19 @@ def test_an_idle_consumer_is_woken_by_another_process_enqueue(brokers):
     assert not thread.is_alive(), "the consumer slept through the enqueue"
     assert got == [None]  # woken: the fetch that follows takes the message
     assert next(consumer).actor_name == "probe"
+
+
+def test_a_miss_waits_on_the_wake_up_alone_without_dramatiqs_back_off_sleep(brokers, monkeypatch):
+    worker, sender = brokers
+    consumer = worker.consume(QUEUE, prefetch=2, timeout=1)  # a 1 ms idle wait
+    sleeps: list[float] = []
+    monkeypatch.setattr(dramatiq_redis, "time", SimpleNamespace(sleep=sleeps.append))
+
+    assert next(consumer) is None and consumer.misses == 1
+    sender.enqueue(_message())
+    assert next(consumer).actor_name == "probe"
+
+    assert sleeps == [], "a sleep(0) gives up the GIL and waits to take it back, per miss"
 
 
 def test_a_full_prefetch_is_woken_when_a_message_is_acked(brokers):
