@@ -11,15 +11,15 @@ redelivered message finds its effect already there and changes nothing.
 
 A batch whose transaction fails is applied again one message per transaction,
 so one message the database refuses never takes its neighbours down with it.
-Attempts are counted on the jobs before a batch is applied, so a message that
-kills its worker ends its job after a bound (``inbox_attempts.py``).
+A batch's attempt is recorded before it is applied, so a message that kills its
+worker ends its job after a bound (``inbox_attempts.py``).
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, cast
@@ -35,7 +35,12 @@ from mailroom.recognition.contracts import (
     result_msg_id,
 )
 from mailroom.recognition.finality import MAX_REASON_CHARS, short_repr
-from mailroom.recognition.inbox_attempts import apply_counted
+from mailroom.recognition.inbox_attempts import (
+    END_BATCH,
+    apply_counted,
+    begin_batch,
+    end_batch_apart,
+)
 from mailroom.recognition.inbox_messages import (
     InboxMessage,
     InboxOutcome,
@@ -237,17 +242,18 @@ async def _apply_in_one_transaction(
     parsed: Sequence[Parsed],
     now: datetime | None,
     *,
-    uncount: Collection[uuid.UUID] = (),
+    attempt_id: uuid.UUID | None = None,
+    ids: str | None = None,
 ) -> _Batch:
-    """Lock, apply, write back; ``uncount``: jobs whose batch attempt comes back with the commit."""
+    """Lock, apply, write back; ``attempt_id``: the batch's attempt, ended with the commit.
+
+    ``ids``: the jobs' ``uuid[]`` literal, when the caller has it already.
+    """
     batch = _Batch()
-    ids = uuid_array({p.response.job_id for p in parsed})
+    ids = ids or uuid_array({p.response.job_id for p in parsed})
     async with sessions() as session, session.begin():
         locked = await session.execute(inbox_sql.LOCK_JOBS, {"ids": ids})
         jobs = {job.id: job for job in map(_Job, inbox_sql.locked_rows(locked))}
-        for job_id in uncount:
-            if job_id in jobs:
-                _give_back_batch_attempt(jobs[job_id])
         for message in parsed:
             _apply_one(batch, jobs, message, now)
         changed = [job for job in jobs.values() if job.changed]
@@ -278,32 +284,17 @@ async def _apply_in_one_transaction(
                 "files": inbox_sql.to_json(file_rows),
                 "file_ids": int_array(row["file_id"] for row in file_rows),
                 "now": now,
+                "attempt": attempt_id,
             }
             await session.execute(inbox_sql.WRITE_BACK, params)
             revived = [job for job in changed if job.revived]
             await reopen_mails(
                 session, [job.id for job in revived], [job.row["file_id"] for job in revived]
             )
+        elif attempt_id is not None:
+            await session.execute(END_BATCH, {"id": attempt_id})
     batch.emit()
     return batch
-
-
-def _give_back_batch_attempt(job: _Job) -> None:
-    """The batch's counted attempt, given back in the batch's own transaction (attempts.py).
-
-    As ``attempts.give_back`` would in a transaction of its own: one less, and no key at
-    zero. Committed with the write-back or not at all; a failed batch gives it back apart.
-    """
-    metrics = job.row["metrics"]
-    key = attempts.INBOX_BATCH_ATTEMPTS
-    if not isinstance(metrics, dict) or key not in metrics:
-        return
-    left = {name: value for name, value in metrics.items() if name != key}
-    count = metrics[key]
-    if isinstance(count, int) and count > 1:
-        left[key] = count - 1
-    job.row["metrics"] = left
-    job.changed = job.metrics_changed = True
 
 
 async def apply_recognition_messages(
@@ -367,25 +358,26 @@ async def _apply_counted(
     max_attempts: int,
 ) -> list[InboxOutcome]:
     job_ids = {p.response.job_id for p in parsed}
+    ids = uuid_array(job_ids)  # one literal for the attempt's row and the batch's lock
     # A live batch holding one of these jobs (an ack beside its result) is waited for, not
-    # taken for a death: only a count left by a dead attempt sends the batch one by one.
+    # taken for a death: only a row left by a dead attempt sends the batch one by one.
     async with attempts.held(sessions, job_ids):
-        return await _apply_counted_held(sessions, parsed, job_ids, now, max_attempts)
+        return await _apply_counted_held(sessions, parsed, ids, now, max_attempts)
 
 
 async def _apply_counted_held(
     sessions: async_sessionmaker[AsyncSession],
     parsed: Sequence[Parsed],
-    job_ids: set[uuid.UUID],
+    ids: str,
     now: datetime | None,
     max_attempts: int,
 ) -> list[InboxOutcome]:
-    counts = await attempts.count_attempts(sessions, job_ids, attempts.INBOX_BATCH_ATTEMPTS)
-    if all(count == 1 for count in counts.values()):
-        return await _apply_batch(sessions, parsed, now, uncount=counts)
+    attempt_id = uuid.uuid4()
+    if not await begin_batch(sessions, attempt_id, ids):
+        return await _apply_batch(sessions, parsed, now, attempt_id=attempt_id, ids=ids)
     # An earlier batch holding one of these jobs never came back: charge each message alone, on
     # its own job only (a batch's death says nothing about which of its messages killed it).
-    await attempts.give_back(sessions, counts, attempts.INBOX_BATCH_ATTEMPTS)
+    await end_batch_apart(sessions, attempt_id)
 
     async def apply_one(message: Parsed) -> list[InboxOutcome]:
         return (await _apply_in_one_transaction(sessions, [message], now)).outcomes
@@ -401,15 +393,19 @@ async def _apply_batch(
     parsed: Sequence[Parsed],
     now: datetime | None,
     *,
-    uncount: Collection[uuid.UUID] = (),
+    attempt_id: uuid.UUID,
+    ids: str,
 ) -> list[InboxOutcome]:
-    """The batch in one transaction, which gives back its counted attempts (``uncount``).
+    """The batch in one transaction, which ends its recorded attempt (``attempt_id``).
 
-    A batch that fails is applied one by one, and its attempts are given back apart
-    after that, however it ends (a death meanwhile leaves them counted).
+    A batch that fails is applied one by one, and its attempt is ended apart after
+    that, however it ends (a death meanwhile leaves it recorded).
     """
     try:
-        return (await _apply_in_one_transaction(sessions, parsed, now, uncount=uncount)).outcomes
+        batch = await _apply_in_one_transaction(
+            sessions, parsed, now, attempt_id=attempt_id, ids=ids
+        )
+        return batch.outcomes
     except BaseException as exc:
         try:
             if len(parsed) == 1 or not isinstance(exc, Exception) or _connection_lost(exc):
@@ -421,7 +417,7 @@ async def _apply_batch(
             )
             return await _apply_one_by_one(sessions, parsed, now)
         finally:
-            await attempts.give_back(sessions, uncount, attempts.INBOX_BATCH_ATTEMPTS)
+            await end_batch_apart(sessions, attempt_id)
 
 
 async def _apply_one_by_one(

@@ -1,8 +1,9 @@
 """The inbox's bounded attempts: a message that kills its worker ends its job, not the inbox.
 
-A batch counts an attempt on each of its jobs before it is applied (``attempts.py``,
-``inbox_batch_attempts``) and gives them back when it ends. A batch that finds a
-count left over, i.e. an earlier batch holding one of its jobs died, is applied
+A batch writes one ``inbox_batch_attempt`` row naming its jobs before it is applied,
+committed, and deletes it when it ends (in its own transaction when it commits). A
+batch that finds another batch's row naming one of its jobs, i.e. an earlier batch
+holding one of its jobs died, is applied
 one message at a time, each counted on its own job (``inbox_attempts``): the
 message that kills the worker then charges only its own job, which after
 ``max_processing_attempts`` such deaths fails with
@@ -18,9 +19,11 @@ import uuid
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from mailroom.clock import db_now
+from mailroom.db import autocommit
 from mailroom.recognition import attempts
 from mailroom.recognition.finality import fail_waiting_job
 from mailroom.recognition.inbox_messages import InboxOutcome, Parsed
@@ -31,6 +34,48 @@ logger = logging.getLogger("mailroom.recognition.inbox")
 INBOX_ATTEMPTS_EXHAUSTED = "INBOX_ATTEMPTS_EXHAUSTED"
 
 ApplyOne = Callable[[Parsed], Awaitable[list[InboxOutcome]]]
+
+# The batch's row, committed before the work, and the rows of other batches that name one of
+# its jobs. The batch holds its jobs (``attempts.held``), and a live batch deletes its row before
+# it lets go of them: every row that comes back is a batch that never ended, i.e. died. Its own
+# statement, after the hold's: a statement's snapshot is taken before it waits for locks. One
+# row per batch, so the jobs are written once per batch (by the write-back), not twice.
+_BEGIN_BATCH = text(
+    """
+    WITH mine AS (
+        INSERT INTO inbox_batch_attempt (id, job_ids) VALUES (:id, CAST(:ids AS uuid[]))
+    )
+    SELECT DISTINCT b.id
+      FROM inbox_batch_attempt AS b, unnest(b.job_ids) AS job_id
+     WHERE job_id = ANY(CAST(:ids AS uuid[]))
+    """
+)
+
+#: The batch's row gone: in its write-back's transaction, or apart when the batch failed.
+END_BATCH = text("DELETE FROM inbox_batch_attempt WHERE id = :id")
+
+
+async def begin_batch(
+    sessions: async_sessionmaker[AsyncSession], attempt_id: uuid.UUID, ids: str
+) -> bool:
+    """Record the batch's attempt at its jobs (``ids``, a ``uuid[]`` literal), committed.
+
+    True when an earlier batch holding one of them died. One statement in autocommit.
+    """
+    async with autocommit(sessions) as connection:
+        dead = await connection.execute(_BEGIN_BATCH, {"id": attempt_id, "ids": ids})
+        return dead.first() is not None
+
+
+async def end_batch_apart(
+    sessions: async_sessionmaker[AsyncSession], attempt_id: uuid.UUID
+) -> None:
+    """Delete the batch's row on its own; best effort, an error of the batch wins."""
+    try:
+        async with autocommit(sessions) as connection:
+            await connection.execute(END_BATCH, {"id": attempt_id})
+    except Exception:  # the database may be why the batch failed: the row then stays
+        logger.warning("Could not end inbox batch attempt %s", attempt_id, exc_info=True)
 
 
 async def fail_exhausted(

@@ -56,10 +56,14 @@ FIND_OBJECTS = text(
 # whether or not the main statement reads it). The ``= ANY`` arrays steer the planner to the
 # primary keys: it cannot size ``jsonb_to_recordset`` and would scan both tables. A file follows
 # only its current job and leaves UPLOADED only forward; an error result fails it; a revived
-# job's answer replaces the NO_ACK ERROR (revive.py).
+# job's answer replaces the NO_ACK ERROR (revive.py). The batch's recorded attempt ends with it
+# (``:attempt``, NULL for a message applied alone: inbox_attempts.py).
 WRITE_BACK = text(
     """
-    WITH jobs AS (
+    WITH ended AS (
+        DELETE FROM inbox_batch_attempt WHERE id = CAST(:attempt AS uuid)
+    ),
+    jobs AS (
         UPDATE recognition_job AS j
            SET status = r.status, started_at = r.started_at, finished_at = r.finished_at,
                service_name = r.service_name, service_version = r.service_version,

@@ -1,4 +1,4 @@
-"""The inbox counts attempts on jobs before applying: a message that kills its worker still ends."""
+"""The inbox records its attempts before applying: a message that kills its worker still ends."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ import uuid
 import pytest
 from sqlalchemy import text
 
-from mailroom.recognition import attempts, inbox
+from mailroom.recognition import attempts, inbox, inbox_attempts
 from mailroom.recognition.inbox import apply_recognition_messages
 from mailroom.recognition.inbox_messages import InboxMessage
+from mailroom.recognition.sql_params import uuid_array
 from tests.fixtures.recognition import at
 
 pytestmark = pytest.mark.integration
@@ -39,10 +40,25 @@ async def apply(sessions, *messages):
     )
 
 
-async def died(sessions, job_ids, times, key=attempts.INBOX_ATTEMPTS):
-    """Attempts that counted themselves and never came back, as a killed worker leaves them."""
+async def died(sessions, job_ids, times):
+    """Attempts at one message alone that counted themselves and never came back."""
     for _ in range(times):
-        await attempts.count_attempts(sessions, job_ids, key)
+        await attempts.count_attempts(sessions, job_ids, attempts.INBOX_ATTEMPTS)
+
+
+async def batch_died(sessions, job_ids, times=1):
+    """Batches that recorded their attempt and never came back, as a killed worker leaves them."""
+    for _ in range(times):
+        await inbox_attempts.begin_batch(sessions, uuid.uuid4(), uuid_array(job_ids))
+
+
+async def batch_rows(sessions, job_id) -> int:
+    """Recorded batch attempts naming the job."""
+    async with sessions() as session:
+        return await session.scalar(
+            text("SELECT count(*) FROM inbox_batch_attempt WHERE :id = ANY(job_ids)"),
+            {"id": job_id},
+        )
 
 
 async def test_applied_batches_leave_no_count(db_sessions, recognition_factory):
@@ -59,21 +75,23 @@ async def test_applied_batches_leave_no_count(db_sessions, recognition_factory):
 async def test_a_batch_gives_its_attempts_back_in_its_own_transaction(
     db_sessions, recognition_factory, monkeypatch
 ):
-    """Applied, duplicate or late, each job's batch count goes with the batch's commit."""
+    """Applied, duplicate or late, the batch's recorded attempt goes with the batch's commit."""
     applied = await recognition_factory.create_job(status="processing", metrics={"keep": 1})
     done = await recognition_factory.create_job(
         status="done", result_msg_id=f"{uuid.uuid4()}:1:result", metrics={"keep": 2}
     )
     apart = []
 
-    async def give_back(sessions, job_ids, key):
-        apart.append(sorted(job_ids))
+    async def end_batch_apart(sessions, attempt_id):
+        apart.append(attempt_id)
 
-    monkeypatch.setattr(attempts, "give_back", give_back)
+    monkeypatch.setattr(inbox, "end_batch_apart", end_batch_apart)
     outcomes = await apply(db_sessions, error_result(applied), error_result(done))
 
     assert [o.applied for o in outcomes] == ["result_applied", "result_late"]
-    assert apart == [], "nothing was left to give back in a transaction of its own"
+    assert apart == [], "nothing was left to end in a transaction of its own"
+    for ref in (applied, done):
+        assert await batch_rows(db_sessions, ref.job_id) == 0
     assert (await recognition_factory.job(applied.job_id))["metrics"] == {"keep": 1}
     late = await recognition_factory.job(done.job_id)
     assert late["metrics"] == {"keep": 2} and late["status"] == "done"
@@ -94,8 +112,18 @@ async def test_a_failed_batch_gives_its_attempts_back_after_its_messages_went_on
 
     assert [o.applied for o in outcomes] == ["result_applied", "failed"]
     for ref in (good, poison):
-        metrics = (await recognition_factory.job(ref.job_id))["metrics"] or {}
-        assert attempts.INBOX_BATCH_ATTEMPTS not in metrics
+        assert await batch_rows(db_sessions, ref.job_id) == 0
+
+
+async def test_a_batch_of_only_unchanged_jobs_ends_its_attempt_too(
+    db_sessions, recognition_factory
+):
+    done = await recognition_factory.create_job(status="done", result_msg_id="x:1:result")
+
+    [outcome] = await apply(db_sessions, error_result(done))
+
+    assert outcome.applied == "result_late"
+    assert await batch_rows(db_sessions, done.job_id) == 0
 
 
 async def test_a_job_whose_messages_keep_killing_the_worker_fails_and_its_batch_goes_on(
@@ -104,7 +132,7 @@ async def test_a_job_whose_messages_keep_killing_the_worker_fails_and_its_batch_
     poison = await recognition_factory.create_job(status="processing")
     other = await recognition_factory.create_job(status="processing")
     # The first death held the whole batch; later ones (one message at a time) only the poison.
-    await died(db_sessions, [poison.job_id, other.job_id], 1, attempts.INBOX_BATCH_ATTEMPTS)
+    await batch_died(db_sessions, [poison.job_id, other.job_id])
     await died(db_sessions, [poison.job_id], MAX)
 
     outcomes = await apply(db_sessions, error_result(poison), error_result(other))
@@ -132,7 +160,7 @@ async def test_a_job_whose_messages_keep_killing_the_worker_fails_and_its_batch_
 async def test_batch_deaths_alone_never_fail_a_job(db_sessions, recognition_factory):
     # Each death held a batch with this job in it (e.g. beside the real poison, or a copy of it).
     ref = await recognition_factory.create_job(status="processing")
-    await died(db_sessions, [ref.job_id], MAX + 2, attempts.INBOX_BATCH_ATTEMPTS)
+    await batch_died(db_sessions, [ref.job_id], MAX + 2)
 
     [outcome] = await apply(db_sessions, error_result(ref))
 
@@ -141,7 +169,7 @@ async def test_batch_deaths_alone_never_fail_a_job(db_sessions, recognition_fact
 
 async def test_fewer_deaths_than_the_maximum_still_apply(db_sessions, recognition_factory):
     ref = await recognition_factory.create_job(status="processing")
-    await died(db_sessions, [ref.job_id], 1, attempts.INBOX_BATCH_ATTEMPTS)
+    await batch_died(db_sessions, [ref.job_id])
     await died(db_sessions, [ref.job_id], MAX - 1)
 
     [outcome] = await apply(db_sessions, error_result(ref))
@@ -201,21 +229,32 @@ async def test_an_ack_and_its_result_in_batches_side_by_side_both_go_the_batch_w
 
     assert [o.applied for o in outcomes] == ["ack_applied", "result_applied"]
     assert one_by_one == [], "neither batch was taken for the survivor of a death"
-    assert "inbox_batch_attempts" not in (await recognition_factory.job(job.job_id))["metrics"]
+    assert await batch_rows(db_sessions, job.job_id) == 0
 
 
-async def test_a_dead_batch_holding_a_job_lets_the_next_one_see_its_count(
+async def test_a_dead_batch_holding_a_job_lets_the_next_one_see_its_attempt(
     db_sessions, recognition_factory
 ):
     job = await recognition_factory.create_job(status="processing")
-    # A batch that counted itself and whose process died: its hold went with its connection.
+    other = await recognition_factory.create_job(status="processing")
+    ids = uuid_array([job.job_id])
+    # A batch that recorded itself and whose process died: its hold went with its connection.
     async with attempts.held(db_sessions, [job.job_id]):
-        await died(db_sessions, [job.job_id], 1, attempts.INBOX_BATCH_ATTEMPTS)
+        assert not await inbox_attempts.begin_batch(db_sessions, uuid.uuid4(), ids)
 
-    async with attempts.held(db_sessions, [job.job_id]):
-        counts = await attempts.count_attempts(
-            db_sessions, [job.job_id], attempts.INBOX_BATCH_ATTEMPTS
+    async with attempts.held(db_sessions, [job.job_id, other.job_id]):
+        mine = uuid.uuid4()
+        both = uuid_array([job.job_id, other.job_id])
+        dead_before = await inbox_attempts.begin_batch(db_sessions, mine, both)
+        await inbox_attempts.end_batch_apart(db_sessions, mine)
+    async with attempts.held(db_sessions, [other.job_id]):
+        alone = await inbox_attempts.begin_batch(
+            db_sessions, uuid.uuid4(), uuid_array([other.job_id])
         )
-        await attempts.give_back(db_sessions, counts, attempts.INBOX_BATCH_ATTEMPTS)
 
-    assert counts == {job.job_id: 2}
+    assert dead_before, "the dead batch's row names one of the jobs"
+    assert not alone, "a job no dead batch held is not a suspect"
+    assert (
+        await batch_rows(db_sessions, job.job_id),
+        await batch_rows(db_sessions, other.job_id),
+    ) == (1, 1)
