@@ -1,5 +1,5 @@
-"""Builds the broker and its middleware from Settings (the only ``set_broker`` call is in
-``actors/__init__.py``)."""
+"""Builds the worker's broker and its middleware from Settings (``set_broker`` is called in
+``actors/__init__.py``, or ``actors.transport`` in a process that only sends)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import logging
 import os
 
 import dramatiq
-from dramatiq.brokers.stub import StubBroker
 from dramatiq.middleware import (
     AgeLimit,
     AsyncIO,
@@ -23,6 +22,7 @@ from actors.maintenance import RedisMaintenance
 from actors.resources import ResourcesMiddleware
 from actors.retry_policy import RetryPolicies, RetryPolicy
 from actors.sentry_tags import SentryTags
+from actors.transport import broker_for
 from mailroom.observability import secret_values
 from mailroom.settings import Settings
 
@@ -86,26 +86,4 @@ def prometheus_middleware(settings: Settings) -> dramatiq.Middleware:
 
 def build_broker(settings: Settings) -> dramatiq.Broker:
     """A broker for ``settings.broker.kind`` with Mailroom's middleware."""
-    middleware = build_middleware(settings)
-    kind = settings.broker.kind
-    if kind == "stub":
-        return StubBroker(middleware=middleware)
-    if kind == "rabbitmq":
-        from dramatiq.brokers.rabbitmq import RabbitmqBroker
-
-        return RabbitmqBroker(url=settings.broker.rabbitmq_url, middleware=middleware)
-    from actors.wakeups import WakingRedisBroker
-    from mailroom.adapters.redis_client import sync_client
-
-    # A client, not a URL: Dramatiq builds a URL's pool without timeouts or retries. One retry
-    # only: it replaces a pooled connection a Redis restart killed, and Dramatiq's consumers
-    # restart themselves after that. More retries made a worker whose Redis is down take
-    # over a minute to stop (each of its consumers retried every close and requeue).
-    # Heartbeats and maintenance on Redis's clock, not this process's (broker_clock.py);
-    # consumers woken by enqueues rather than polling (wakeups.py).
-    return WakingRedisBroker(
-        client=sync_client(settings.broker_redis_url, settings.redis, attempts=1),
-        namespace=settings.broker.namespace,
-        heartbeat_timeout=settings.broker.heartbeat_timeout_ms,
-        middleware=middleware,
-    )
+    return broker_for(settings, build_middleware(settings))

@@ -12,6 +12,7 @@ from pydantic import PositiveInt, TypeAdapter, ValidationError
 from actors import queues
 from actors.resources import Resources, current
 from actors.retry_policy import RetryPolicy
+from mailroom import actor_names
 from mailroom.adapters.redis import DeliveryRedis
 from mailroom.delivery.deliver import Deliverer
 from mailroom.delivery.producer import readd_pending_messages
@@ -50,7 +51,9 @@ async def deliver_channel_message(message_id: int) -> None:
     await (await _deliverer()).deliver(int(message_id))
 
 
-@dramatiq.actor(queue_name=queues.DELIVERY, retry_policy=RetryPolicy(max_attempts=None))
+@dramatiq.actor(
+    **actor_names.DELIVER_CHANNEL_MESSAGES.declared, retry_policy=RetryPolicy(max_attempts=None)
+)
 async def deliver_channel_messages(message_ids: list[int]) -> None:
     """Deliver a batch of channel messages (the stream bridge sends one per read).
 
@@ -83,7 +86,9 @@ def _send_retries(retries: dict[int, Exception]) -> None:
         deliver_channel_message.send_with_options(args=(message_id,), delay=delay_ms)
 
 
-@dramatiq.actor(queue_name=queues.MAINTENANCE, retry_policy=RetryPolicy(max_attempts=1))
+@dramatiq.actor(
+    **actor_names.RECOVER_STALE_DELIVERIES.declared, retry_policy=RetryPolicy(max_attempts=1)
+)
 async def recover_stale_deliveries() -> None:
     """Settle messages stuck in ``sending`` (ARCHITECTURE.md, Delivery)."""
     resources = current()
@@ -96,7 +101,9 @@ async def recover_stale_deliveries() -> None:
     )
 
 
-@dramatiq.actor(queue_name=queues.MAINTENANCE, retry_policy=RetryPolicy(max_attempts=1))
+@dramatiq.actor(
+    **actor_names.READD_PENDING_DELIVERIES.declared, retry_policy=RetryPolicy(max_attempts=1)
+)
 async def readd_pending_deliveries() -> None:
     """XADD pending messages that never reached the stream."""
     resources = current()

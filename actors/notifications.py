@@ -6,11 +6,10 @@ import time
 
 import dramatiq
 
-from actors import queues
 from actors.resources import current
 from actors.retry_policy import RetryPolicy
 from actors.sending import send_off_loop
-from mailroom import notifications
+from mailroom import actor_names, notifications
 from mailroom.config_store import effective
 
 #: This process's routes, re-read only when the route rows change.
@@ -22,7 +21,9 @@ _ROUTES = effective.RuntimeRoutes()
 BACKLOG_BUDGET_S = 5.0
 
 
-@dramatiq.actor(queue_name=queues.MAPPING, retry_policy=RetryPolicy(max_attempts=10))
+@dramatiq.actor(
+    **actor_names.NOTIFY_FINAL_MAILS.declared, retry_policy=RetryPolicy(max_attempts=10)
+)
 async def notify_final_mails() -> None:
     """Create and enqueue the notifications of mails that became final (ARCHITECTURE.md, Notifications).
 

@@ -17,6 +17,7 @@ from actors.notifications import request_notification_pass
 from actors.resources import current
 from actors.retry_policy import RetryPolicy
 from actors.sending import send_each_off_loop, send_off_loop
+from mailroom import actor_names
 from mailroom.errors import NatsPublishFailed, NatsUnavailable
 from mailroom.recognition import gate, inbox, mapping, outbox, watchdog, window
 from mailroom.recognition.finality import short_repr
@@ -39,7 +40,9 @@ async def on_mails_final(mail_ids: Iterable[int]) -> None:
         await request_notification_pass()
 
 
-@dramatiq.actor(queue_name=queues.OUTBOX, retry_policy=RetryPolicy(max_attempts=3))
+@dramatiq.actor(
+    **actor_names.PUBLISH_RECOGNITION_REQUESTS.declared, retry_policy=RetryPolicy(max_attempts=3)
+)
 async def publish_recognition_requests() -> None:
     """One outbox pass: publish queued jobs, republish unacked ones (ARCHITECTURE.md, Recognition)."""
     resources = current()
@@ -120,7 +123,9 @@ async def apply_recognition_message(subject: str, data: str, headers: dict[str, 
         await send_off_loop(publish_recognition_requests)
 
 
-@dramatiq.actor(queue_name=queues.INBOX, retry_policy=RetryPolicy(max_attempts=20))
+@dramatiq.actor(
+    **actor_names.APPLY_RECOGNITION_MESSAGES.declared, retry_policy=RetryPolicy(max_attempts=20)
+)
 async def apply_recognition_messages(messages: list[dict[str, Any]]) -> None:
     """Apply a batch of acks and results in one transaction (ARCHITECTURE.md, Recognition).
 
@@ -227,7 +232,9 @@ def _job_ids(values: list[Any]) -> list[uuid.UUID]:
     return parsed
 
 
-@dramatiq.actor(queue_name=queues.MAINTENANCE, retry_policy=RetryPolicy(max_attempts=1))
+@dramatiq.actor(
+    **actor_names.EXPIRE_RECOGNITION_DEADLINES.declared, retry_policy=RetryPolicy(max_attempts=1)
+)
 async def expire_recognition_deadlines() -> None:
     """Time out jobs past their reply deadline, but none while its health gate is closed."""
     resources = current()
@@ -248,7 +255,9 @@ async def expire_recognition_deadlines() -> None:
     await on_mails_final(result.finalized_mail_ids)
 
 
-@dramatiq.actor(queue_name=queues.MAINTENANCE, retry_policy=RetryPolicy(max_attempts=1))
+@dramatiq.actor(
+    **actor_names.SWEEP_UNMAPPED_RESULTS.declared, retry_policy=RetryPolicy(max_attempts=1)
+)
 async def sweep_unmapped_results() -> None:
     """Re-send mapping for results left unmapped."""
     resources = current()

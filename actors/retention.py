@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import dramatiq
 
-from actors import queues
 from actors.resources import current
 from actors.retry_policy import RetryPolicy
+from mailroom import actor_names
 from mailroom.lifecycle.retention import run_retention_pass
 
 
 # One attempt: the next pass (scheduler.retention_interval_s) picks up where this one stopped.
-@dramatiq.actor(queue_name=queues.MAINTENANCE, retry_policy=RetryPolicy(max_attempts=1))
+@dramatiq.actor(**actor_names.APPLY_RETENTION.declared, retry_policy=RetryPolicy(max_attempts=1))
 async def apply_retention() -> None:
     """Purge mails past their mailbox's retention_days; delete the objects queued for it."""
     resources = current()

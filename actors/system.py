@@ -7,6 +7,7 @@ import dramatiq
 from actors import queues
 from actors.maintenance import run_redis_maintenance
 from actors.retry_policy import RetryPolicy
+from mailroom import actor_names
 
 
 @dramatiq.actor(queue_name=queues.SYSTEM, retry_policy=RetryPolicy(max_attempts=1))
@@ -14,7 +15,7 @@ def noop() -> None:
     """Do nothing: the raw throughput baseline for benchmarks."""
 
 
-@dramatiq.actor(queue_name=queues.SYSTEM, retry_policy=RetryPolicy(max_attempts=1))
+@dramatiq.actor(**actor_names.MAINTAIN_BROKER.declared, retry_policy=RetryPolicy(max_attempts=1))
 def maintain_broker() -> None:
     """Requeue dead workers' messages now (the scheduler sends this regularly)."""
     from dramatiq.brokers.redis import RedisBroker

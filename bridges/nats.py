@@ -17,14 +17,13 @@ import base64
 import logging
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 from prometheus_client import Counter
 
-from actors.recognition import apply_recognition_messages
 from mailroom.adapters.nats import IncomingMessage, NatsClient, ResultSubscription
 from mailroom.errors import AppError
-from mailroom.recognition.finality import short_repr
 from mailroom.settings import Settings
 from mailroom.stop_signals import handle_stop_signals
 
@@ -136,9 +135,10 @@ class NatsBridge:
             if len(message.data) > limit:
                 self.dropped += 1
                 METRIC_MESSAGES.labels("dropped").inc()
+                # The subject is untrusted text: its repr, cut to 80 characters.
                 logger.warning(
-                    "Dropped recognition message on %s: %d bytes exceeds %d",
-                    short_repr(message.subject),
+                    "Dropped recognition message on %.80r: %d bytes exceeds %d",
+                    message.subject,
                     len(message.data),
                     limit,
                 )
@@ -202,14 +202,8 @@ class NatsBridge:
             pass
 
 
-def _send_to_inbox(items: list[dict[str, Any]]) -> object:
-    return apply_recognition_messages.send(items)
-
-
-async def _main(settings: Settings) -> int:
-    bridge = NatsBridge(
-        NatsClient(settings.nats, name="mailroom-bridge"), _send_to_inbox, settings=settings
-    )
+async def _main(settings: Settings, send: Send) -> int:
+    bridge = NatsBridge(NatsClient(settings.nats, name="mailroom-bridge"), send, settings=settings)
     loop = asyncio.get_running_loop()
     handle_stop_signals(lambda *_: loop.call_soon_threadsafe(bridge.stop))
     return await bridge.run()
@@ -217,7 +211,16 @@ async def _main(settings: Settings) -> int:
 
 def run(settings: Settings) -> int:
     """Run the bridge until SIGTERM/SIGINT; the process exit code."""
+    from mailroom import actor_names
     from mailroom.observability import start_metrics_server
 
+    # Batches go to the inbox actor by name: this process loads no actor module.
+    actor_names.only_send()
+    from actors.transport import send, set_sending_broker
+
+    broker = set_sending_broker(settings)
     start_metrics_server(settings)
-    return asyncio.run(_main(settings))
+    try:
+        return asyncio.run(_main(settings, partial(send, actor_names.APPLY_RECOGNITION_MESSAGES)))
+    finally:
+        broker.close()

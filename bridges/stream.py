@@ -17,6 +17,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -327,13 +328,16 @@ async def serve(settings: Settings, send: Callable[[list[int]], object]) -> int:
 
 def run(settings: Settings) -> int:
     """Entry point of ``mailroom bridge stream``."""
-    import dramatiq
-
-    from actors.delivery import deliver_channel_messages  # builds the broker from the environment
+    from mailroom import actor_names
     from mailroom.observability import start_metrics_server
 
+    # Batches go to the delivery actor by name: this process loads no actor module.
+    actor_names.only_send()
+    from actors.transport import send, set_sending_broker
+
+    broker = set_sending_broker(settings)
     start_metrics_server(settings)
     try:
-        return asyncio.run(serve(settings, deliver_channel_messages.send))
+        return asyncio.run(serve(settings, partial(send, actor_names.DELIVER_CHANNEL_MESSAGES)))
     finally:
-        dramatiq.get_broker().close()
+        broker.close()

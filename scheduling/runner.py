@@ -129,8 +129,14 @@ def register_work_state(settings: Settings, service: SchedulerService) -> WorkSt
 
 def run(settings: Settings) -> int:
     """Run until SIGTERM or SIGINT; exit 0."""
-    import actors  # noqa: F401  (the broker the jobs send through)
+    from mailroom import actor_names
     from mailroom.observability import start_metrics_server
+
+    # The jobs send by name: this process loads no actor module (actor_names.py).
+    actor_names.only_send()
+    from actors.transport import set_sending_broker
+
+    set_sending_broker(settings)
 
     service = SchedulerService(settings)
     if settings.metrics.port:

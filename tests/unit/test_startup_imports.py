@@ -13,17 +13,15 @@ import os
 import subprocess
 import sys
 
-#: Print the top-level packages loaded after running ``code``.
-_REPORT = "import json, sys; print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))"
-
 #: Libraries that only some commands or settings need.
 _OPERATOR_LIBRARIES = {"sqlalchemy", "psycopg", "redis", "nats", "httpx", "rich", "dramatiq"}
 
 
-def _loaded(code: str) -> set[str]:
+def _loaded_modules(code: str) -> set[str]:
+    """Every module loaded after running ``code`` in a fresh interpreter."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MAILROOM_")}
     result = subprocess.run(
-        [sys.executable, "-c", f"{code}\n{_REPORT}"],
+        [sys.executable, "-c", f"{code}\nimport json, sys; print(json.dumps(sorted(sys.modules)))"],
         env=env,
         capture_output=True,
         text=True,
@@ -31,6 +29,11 @@ def _loaded(code: str) -> set[str]:
         check=True,
     )
     return set(json.loads(result.stdout.strip().splitlines()[-1]))
+
+
+def _loaded(code: str) -> set[str]:
+    """The top-level packages loaded after running ``code``."""
+    return {name.split(".")[0] for name in _loaded_modules(code)}
 
 
 def test_the_settings_load_without_the_database_libraries():
@@ -92,3 +95,55 @@ def test_dramatiq_main_shares_only_inert_modules_with_its_worker_processes():
     )
     assert {"sqlalchemy", "psycopg", "redis", "nats"} <= loaded
     assert loaded & {"prometheus_client", "sentry_sdk", "actors"} == set()
+
+
+#: Actor modules, and what only they need: a process that only sends by name loads none.
+_ACTOR_MODULES = {
+    "actors.broker",
+    "actors.resources",
+    "actors.intake",
+    "actors.recognition",
+    "actors.notifications",
+    "actors.delivery",
+    "actors.retention",
+    "actors.system",
+    "mailroom.models",
+}
+
+#: Each sender's ``run`` up to its loop, which is replaced by one that returns at once.
+_SENDERS = {
+    "bridge nats": (
+        "import bridges.nats as bridge\n"
+        "async def loop(settings, send):\n"
+        "    return 0\n"
+        "bridge._main = loop\n"
+        "assert bridge.run(settings) == 0"
+    ),
+    "bridge stream": (
+        "import bridges.stream as bridge\n"
+        "async def loop(settings, send):\n"
+        "    return 0\n"
+        "bridge.serve = loop\n"
+        "assert bridge.run(settings) == 0"
+    ),
+    "scheduler": (
+        "import scheduling.runner as runner\n"
+        "from scheduling.jobs import job_table\n"
+        "runner.SchedulerService.run = lambda self: job_table(self.settings)\n"
+        "assert runner.run(settings) == 0"
+    ),
+}
+
+
+def test_the_bridges_and_the_scheduler_send_by_name_without_loading_the_actors():
+    for name, code in _SENDERS.items():
+        # The Redis broker's class, as in production: building it connects to nothing.
+        modules = _loaded_modules(
+            "from mailroom.settings import Settings\n"
+            "settings = Settings()\n"
+            f"{code}\n"
+            "import dramatiq\n"
+            "assert type(dramatiq.get_broker()).__name__ == 'WakingRedisBroker'"
+        )
+        assert "actors.transport" in modules, name
+        assert modules & _ACTOR_MODULES == set(), name
