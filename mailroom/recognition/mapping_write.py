@@ -2,8 +2,8 @@
 
 The jobs are locked in id order and ``mapped_at`` is re-checked under the lock,
 so a redelivered or retried batch, or a sweep mapping the same job beside it,
-changes nothing twice. Documents, job marks and file settlements are each one
-statement for the whole batch (rows passed as one JSON array); only automatic
+changes nothing twice. Documents, job marks and file settlements are one
+statement for the whole batch (rows passed as JSON arrays); only automatic
 retries (``replay_job``) go one by one. The lock statement also returns the
 database's ``now()``, so no separate round trip is spent reading the clock.
 """
@@ -45,45 +45,44 @@ _LOCK = text(
     """
 )
 
-_INSERT_DOCUMENTS = text(
+# Documents, job marks and file settlements in one statement: data-modifying CTEs all run,
+# each on rows of its own table, whether or not the final SELECT reads them.
+_WRITE = text(
     """
-    INSERT INTO document (file_id, job_id, document_type, fields, field_confidence,
-                          missing_fields, low_confidence_fields, status, created_at)
-    SELECT d.file_id, d.job_id, d.document_type, d.fields, d.field_confidence,
-           d.missing_fields, d.low_confidence_fields, d.status, :now
-      FROM jsonb_to_recordset(CAST(:documents AS jsonb))
-           AS d(file_id bigint, job_id uuid, document_type text, fields jsonb,
-                field_confidence jsonb, missing_fields jsonb, low_confidence_fields jsonb,
-                status text)
-    ON CONFLICT (job_id) DO NOTHING
-    RETURNING id, job_id
+    WITH documents AS (
+        INSERT INTO document (file_id, job_id, document_type, fields, field_confidence,
+                              missing_fields, low_confidence_fields, status, created_at)
+        SELECT d.file_id, d.job_id, d.document_type, d.fields, d.field_confidence,
+               d.missing_fields, d.low_confidence_fields, d.status, :now
+          FROM jsonb_to_recordset(CAST(:documents AS jsonb))
+               AS d(file_id bigint, job_id uuid, document_type text, fields jsonb,
+                    field_confidence jsonb, missing_fields jsonb, low_confidence_fields jsonb,
+                    status text)
+        ON CONFLICT (job_id) DO NOTHING
+        RETURNING id, job_id
+    ), marked AS (
+        UPDATE recognition_job AS j
+           SET mapped_at = :now,
+               status = CASE WHEN r.broke_contract THEN 'error' ELSE j.status END,
+               error_code = COALESCE(r.error_code, j.error_code),
+               error_message = COALESCE(r.error_message, j.error_message)
+          FROM jsonb_to_recordset(CAST(:jobs AS jsonb))
+               AS r(id uuid, broke_contract boolean, error_code text, error_message text)
+         WHERE j.id = r.id
+        RETURNING j.id
+    ), settled AS (
+        UPDATE stored_file AS f
+           SET status = r.status, status_reason = r.reason, updated_at = :now
+          FROM jsonb_to_recordset(CAST(:files AS jsonb))
+               AS r(file_id bigint, job_id uuid, status text, reason text)
+         WHERE f.id = r.file_id AND f.current_recognition_job_id = r.job_id
+        RETURNING f.id
+    )
+    SELECT id, job_id FROM documents
     """
 )
 
 _EXISTING_DOCUMENTS = text("SELECT id, job_id FROM document WHERE job_id = ANY(:job_ids)")
-
-_MARK_MAPPED = text(
-    """
-    UPDATE recognition_job AS j
-       SET mapped_at = :now,
-           status = CASE WHEN r.broke_contract THEN 'error' ELSE j.status END,
-           error_code = COALESCE(r.error_code, j.error_code),
-           error_message = COALESCE(r.error_message, j.error_message)
-      FROM jsonb_to_recordset(CAST(:jobs AS jsonb))
-           AS r(id uuid, broke_contract boolean, error_code text, error_message text)
-     WHERE j.id = r.id
-    """
-)
-
-_SETTLE_FILES = text(
-    """
-    UPDATE stored_file AS f
-       SET status = r.status, status_reason = r.reason, updated_at = :now
-      FROM jsonb_to_recordset(CAST(:files AS jsonb))
-           AS r(file_id bigint, job_id uuid, status text, reason text)
-     WHERE f.id = r.file_id AND f.current_recognition_job_id = r.job_id
-    """
-)
 
 
 async def write_decisions(
@@ -134,14 +133,41 @@ async def _write(
     outcomes: dict[uuid.UUID, MappingOutcome],
     now: datetime,
 ) -> None:
-    for job_id, document_id in (await _insert_documents(session, todo, locked, now)).items():
-        outcomes[job_id].document_id = document_id
-    await session.execute(_MARK_MAPPED, {"now": now, "jobs": _json(_job_rows(todo))})
     current = [d for d in todo if locked[d.job_id].is_current]
     for decision in todo:
         if not locked[decision.job_id].is_current:
             logger.info("Result of job %s mapped; the file has a newer attempt", decision.job_id)
     settled = [d for d in current if not d.retry]
+    documents = [
+        {"file_id": locked[d.job_id].file_id, "job_id": str(d.job_id), **d.verdict.document}
+        for d in todo
+        if d.verdict.document is not None
+    ]
+    files = [
+        {
+            "file_id": locked[d.job_id].file_id,
+            "job_id": str(d.job_id),
+            "status": d.verdict.file_status,
+            "reason": d.verdict.reason,
+        }
+        for d in settled
+    ]
+    params = {
+        "now": now,
+        "documents": _json(documents),
+        "jobs": _json(_job_rows(todo)),
+        "files": _json(files),
+    }
+    document_ids = {job_id: int(doc_id) for doc_id, job_id in await session.execute(_WRITE, params)}
+    # A document already there (ON CONFLICT) is reused: its id is read.
+    missing = [
+        uuid.UUID(d["job_id"]) for d in documents if uuid.UUID(d["job_id"]) not in document_ids
+    ]
+    if missing:
+        existing = await session.execute(_EXISTING_DOCUMENTS, {"job_ids": missing})
+        document_ids.update({job_id: int(doc_id) for doc_id, job_id in existing})
+    for job_id, document_id in document_ids.items():
+        outcomes[job_id].document_id = document_id
     for decision in current:
         if decision.retry:
             actor_type, actor_id = MAPPING_ACTOR
@@ -157,16 +183,6 @@ async def _write(
             outcomes[decision.job_id].file_status = "UPLOADED"
     if not settled:
         return
-    files = [
-        {
-            "file_id": locked[d.job_id].file_id,
-            "job_id": str(d.job_id),
-            "status": d.verdict.file_status,
-            "reason": d.verdict.reason,
-        }
-        for d in settled
-    ]
-    await session.execute(_SETTLE_FILES, {"now": now, "files": _json(files)})
     for decision in settled:
         outcomes[decision.job_id].file_status = decision.verdict.file_status
     mails = {locked[d.job_id].mail_id for d in settled} - {None}
@@ -177,31 +193,6 @@ async def _write(
             finalized.discard(mail_id)
             outcomes[decision.job_id].finalized_mail_ids = [mail_id]
             outcomes[decision.job_id].finalized_mail_id = mail_id
-
-
-async def _insert_documents(
-    session: AsyncSession,
-    todo: Sequence[Decision],
-    locked: dict[uuid.UUID, Any],
-    now: datetime,
-) -> dict[uuid.UUID, int]:
-    """Insert the decisions' documents; each job's document id (one already there is reused)."""
-    documents = [
-        {"file_id": locked[d.job_id].file_id, "job_id": str(d.job_id), **d.verdict.document}
-        for d in todo
-        if d.verdict.document is not None
-    ]
-    if not documents:
-        return {}
-    params = {"documents": _json(documents), "now": now}
-    ids = {
-        job_id: int(doc_id) for doc_id, job_id in await session.execute(_INSERT_DOCUMENTS, params)
-    }
-    missing = [uuid.UUID(d["job_id"]) for d in documents if uuid.UUID(d["job_id"]) not in ids]
-    if missing:
-        existing = await session.execute(_EXISTING_DOCUMENTS, {"job_ids": missing})
-        ids.update({job_id: int(doc_id) for doc_id, job_id in existing})
-    return ids
 
 
 def _job_rows(todo: Sequence[Decision]) -> list[dict[str, Any]]:
