@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, case, func, select, text, update
+from sqlalchemy import ColumnElement, and_, case, func, text, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import InstrumentedAttribute
@@ -44,6 +44,13 @@ from mailroom.clock import DbClock, db_now
 from mailroom.db import transaction
 from mailroom.errors import LeaseLost, describe_error
 from mailroom.intake import audit
+from mailroom.intake.cursor_sql import (
+    CLAIM_CURSOR,
+    COUNT_ATTEMPT,
+    CREATE_CURSOR,
+    FINISH_BATCH,
+    FIRST_UIDVALIDITY,
+)
 from mailroom.intake.lease import lease_write
 from mailroom.models import InboundMail, MailboxCursor
 
@@ -109,55 +116,56 @@ async def claim_cursor(
     lease_s: float,
     clock: DbClock = db_now,
 ) -> Claim | Skipped:
-    """Take the cursor's lease in one short transaction, creating the cursor if missing."""
-    async with lease_transaction(sessions) as session:
-        now = await clock(session)
-        locked = (
-            select(MailboxCursor)
-            .where(MailboxCursor.mailbox == mailbox, MailboxCursor.folder == folder)
-            .with_for_update()
+    """Take the cursor's lease in one short transaction, creating the cursor if missing.
+
+    One statement in one round trip (``CLAIM_CURSOR``): it ran as an ORM session of six,
+    the claim of every poll, each waited for by the intake worker's one event loop.
+    """
+    lease_id = uuid.uuid4()
+    params = {
+        "mailbox": mailbox,
+        "folder": folder,
+        "lease_id": lease_id,
+        "lease": timedelta(seconds=lease_s),
+        "offset": await clock_offset(sessions, clock),
+    }
+    row = await lease_write(sessions, CLAIM_CURSOR, params)
+    if row is None:  # the first poll: the insert is a round trip every poll would pay
+        await lease_write(sessions, CREATE_CURSOR, {"mailbox": mailbox, "folder": folder})
+        row = await lease_write(sessions, CLAIM_CURSOR, params)
+    assert row is not None  # inserted above or already there
+    # The claim cleared the poll-queued mark either way: the next pass may send again.
+    skip, old_status, old_lease_id, *kept = row
+    if skip is not None:
+        return Skipped(skip)
+    if old_status == "processing":
+        logger.warning(
+            "Mailbox %s/%r: taking over the expired lease %s", mailbox, folder, old_lease_id
         )
-        cursor = await session.scalar(locked)
-        if cursor is None:  # the first poll: the insert is a round trip every poll would pay
-            # Two first polls may race to create the row: the loser's insert does nothing.
-            await session.execute(
-                insert(MailboxCursor)
-                .values(mailbox=mailbox, folder=folder)
-                .on_conflict_do_nothing(index_elements=["mailbox", "folder"])
-            )
-            cursor = await session.scalar(locked)
-        assert cursor is not None  # inserted above or already there
-        # This poll was the queued one (or came without a mark): the next pass may send again.
-        cursor.poll_queued_at = None
-        if cursor.status == "blocked":
-            return Skipped("blocked")
-        if cursor.lease_id is not None and cursor.lease_until and cursor.lease_until > now:
-            return Skipped("leased")
-        if cursor.next_retry_at is not None and cursor.next_retry_at > now:
-            return Skipped("backoff")
-        if cursor.status == "processing":
-            logger.warning(
-                "Mailbox %s/%r: taking over the expired lease %s",
-                mailbox,
-                folder,
-                cursor.lease_id,
-            )
-        lease_id = uuid.uuid4()
-        cursor.status = "processing"
-        cursor.lease_id = lease_id
-        cursor.lease_until = now + timedelta(seconds=lease_s)
-        cursor.updated_at = now
-        return Claim(
-            cursor_id=cursor.id,
-            mailbox=mailbox,
-            folder=folder,
-            lease_id=lease_id,
-            uidvalidity=cursor.uidvalidity,
-            last_uid=cursor.last_uid,
-            retry_count=cursor.retry_count,
-            attempt_uid=cursor.attempt_uid,
-            attempt_count=cursor.attempt_count,
-        )
+    cursor_id, uidvalidity, last_uid, retry_count, attempt_uid, attempt_count = kept
+    return Claim(
+        cursor_id=cursor_id,
+        mailbox=mailbox,
+        folder=folder,
+        lease_id=lease_id,
+        uidvalidity=uidvalidity,
+        last_uid=last_uid,
+        retry_count=retry_count,
+        attempt_uid=attempt_uid,
+        attempt_count=attempt_count,
+    )
+
+
+async def clock_offset(sessions: async_sessionmaker[AsyncSession], clock: DbClock) -> timedelta:
+    """How far ``clock`` runs ahead of the database's ``now()``: none for ``db_now`` itself.
+
+    The one-statement writes compute their times as ``now()`` plus this, so a test's clock
+    (``tests/fixtures/imap.py``'s ``MutableClock``) moves them without a second code path.
+    """
+    if clock is db_now:
+        return timedelta()
+    async with transaction(sessions) as session:
+        return await clock(session) - await db_now(session)
 
 
 def _owned(claim: Claim) -> ColumnElement[bool]:
@@ -173,16 +181,6 @@ async def count_attempt(sessions: async_sessionmaker[AsyncSession], claim: Claim
     if row is None:
         raise LeaseLost(f"mailbox {claim.mailbox}: lease lost before UID {uid}")
     return int(row[0])
-
-
-#: ``count_attempt``'s statement (SET sees the row as it was: the UID counted before).
-COUNT_ATTEMPT = """
-UPDATE mailbox_cursor
-   SET attempt_count = CASE WHEN attempt_uid = %(uid)s THEN attempt_count + 1 ELSE 1 END,
-       attempt_uid = %(uid)s
- WHERE id = %(cursor_id)s AND lease_id = %(lease_id)s
-RETURNING attempt_count
-"""
 
 
 def _owner(claim: Claim) -> dict[str, Any]:
@@ -280,16 +278,6 @@ async def adopt_uidvalidity(
             },
         )
     return 0
-
-
-#: ``adopt_uidvalidity``'s statement for a cursor that had none. Committed like the lease's
-#: bookkeeping: lost with Postgres, the next poll stores it again (the mails it stores after
-#: it flush the WAL up to themselves, this write included).
-FIRST_UIDVALIDITY = """
-UPDATE mailbox_cursor SET uidvalidity = %(uidvalidity)s, updated_at = now()
- WHERE id = %(cursor_id)s AND lease_id = %(lease_id)s
-RETURNING id
-"""
 
 
 @dataclass(frozen=True)
@@ -462,14 +450,3 @@ async def finish_batch(
     done = await lease_write(sessions, FINISH_BATCH, {**_owner(claim), "highest_uid": highest_uid})
     if done is None:
         raise LeaseLost(f"mailbox {claim.mailbox}: lease lost before the batch finished")
-
-
-#: ``finish_batch``'s statement.
-FINISH_BATCH = """
-UPDATE mailbox_cursor
-   SET last_uid = greatest(last_uid, %(highest_uid)s), status = 'idle',
-       lease_id = NULL, lease_until = NULL, retry_count = 0, attempt_count = 0,
-       next_retry_at = NULL, last_error = NULL, updated_at = now()
- WHERE id = %(cursor_id)s AND lease_id = %(lease_id)s
-RETURNING id
-"""

@@ -141,13 +141,19 @@ async def test_the_lease_bookkeeping_commits_without_a_flush_and_leaves_the_pool
     def record(conn, cursor, statement, *args) -> None:
         sent.append(statement)
 
-    # The count and the finish go to psycopg directly, in one pipeline each.
+    # The claim, the count and the finish go to psycopg directly, in one pipeline each.
     direct = psycopg.AsyncConnection.execute
 
     async def execute(self, query, *args, **kwargs):
         sent.append(query)
         return await direct(self, query, *args, **kwargs)
 
+    # The folder's first claim creates its cursor (two more pipelines); the next ones do not.
+    first = await cursors.claim_cursor(
+        intake_env.sessions, mailbox="box", folder=intake_env.folder, lease_s=30
+    )
+    assert isinstance(first, cursors.Claim)
+    await cursors.finish_batch(intake_env.sessions, first, highest_uid=0)
     monkeypatch.setattr(psycopg.AsyncConnection, "execute", execute)
     async with transaction(intake_env.sessions) as session:
         server_default = await session.scalar(text("SHOW synchronous_commit"))
