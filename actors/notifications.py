@@ -24,11 +24,13 @@ BACKLOG_BUDGET_S = 5.0
 @dramatiq.actor(
     **actor_names.NOTIFY_FINAL_MAILS.declared, retry_policy=RetryPolicy(max_attempts=10)
 )
-async def notify_final_mails() -> None:
+async def notify_final_mails(settle: bool = True) -> None:
     """Create and enqueue the notifications of mails that became final (ARCHITECTURE.md, Notifications).
 
     Passes follow each other (each its own transaction) while mails wait, for up to
-    ``BACKLOG_BUDGET_S``; what is left then gets a pass request of its own.
+    ``BACKLOG_BUDGET_S``; what is left then gets a pass request of its own. With
+    ``settle`` (sweeps, operators) each pass also finalizes settled stored mails; a
+    requested pass does when a request asked for it (``request_notification_pass``).
     """
     resources = current()
     sessions = await resources.sessions()
@@ -45,13 +47,21 @@ async def notify_final_mails() -> None:
                 resources.settings.delivery,
                 resources.settings.runtime_config.key.get_secret_value(),
             ),
+            settle=bool(settle),
         )
     if more:
-        await request_notification_pass()
+        await request_notification_pass(settle=False)
 
 
-async def request_notification_pass() -> None:
-    """Send ``notify_final_mails`` unless a pass is already queued and not yet started."""
+async def request_notification_pass(*, settle: bool = True) -> None:
+    """Send ``notify_final_mails`` unless a pass is already queued and not yet started.
+
+    ``settle=False`` when the caller made its mails final itself (a recognition finisher):
+    the pass then skips looking for settled stored mails, unless another request asked.
+    """
     resources = current()
-    if await notifications.request_pass(await resources.redis(), resources.settings.delivery):
-        await send_off_loop(notify_final_mails)
+    redis = await resources.redis()
+    delivery = resources.settings.delivery
+    marked = not settle or await notifications.request_settle(redis, delivery)
+    if await notifications.request_pass(redis, delivery) or not marked:
+        await send_off_loop(notify_final_mails, not marked)

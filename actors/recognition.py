@@ -37,7 +37,7 @@ async def on_mails_final(mail_ids: Iterable[int]) -> None:
     for mail_id in finals:
         logger.info("Mail %d is final", mail_id)
     if finals:
-        await request_notification_pass()
+        await request_notification_pass(settle=False)
 
 
 @dramatiq.actor(

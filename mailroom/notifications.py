@@ -28,6 +28,7 @@ from datetime import datetime
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.exceptions import RedisError
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -263,24 +264,62 @@ async def request_pass(redis: aioredis.Redis, settings: DeliverySettings) -> boo
     return await _pass_request(settings).request(redis)
 
 
+def settle_request_key(settings: DeliverySettings) -> str:
+    """The Redis key of the mark that a pass should finalize settled stored mails."""
+    return f"{settings.stream_key}:notify-settle-requested"
+
+
+async def request_settle(redis: aioredis.Redis, settings: DeliverySettings) -> bool:
+    """Mark that the next pass finalizes settled stored mails; False when Redis cannot be
+    told (the caller then sends a pass that settles)."""
+    try:
+        await redis.set(settle_request_key(settings), "1", ex=PASS_REQUEST_TTL_S)
+    except RedisError as exc:
+        logger.warning("Notification settle request not recorded: %s", exc)
+        return False
+    return True
+
+
+async def _settle_requested(redis: aioredis.Redis, settings: DeliverySettings) -> bool:
+    """Take the settle mark: True when it was set, or when Redis cannot be asked."""
+    try:
+        return bool(await redis.delete(settle_request_key(settings)))
+    except RedisError as exc:
+        logger.warning("Notification settle request not read (%s); settling", exc)
+        return True
+
+
 async def notify_final_mails(
     *,
     sessions: async_sessionmaker[AsyncSession],
     redis: aioredis.Redis,
     settings: DeliverySettings,
     limit: int | None = None,
+    settle: bool = True,
 ) -> tuple[list[int], bool]:
     """One pass: finalize settled mails, create notifications, commit, put them on the stream.
 
     At most ``limit`` mails (``notification_batch_size``) per pass, so a backlog
     is worked off in bounded transactions. Returns the new message ids and
     whether more mails may be waiting.
+
+    Settled stored mails (no file to recognize, or a crash before their finisher's
+    check) are looked for when ``settle`` or when the settle mark was set: a pass
+    asked for by a finisher that made its mails final itself skips that scan of
+    every stored mail.
     """
     limit = limit or settings.notification_batch_size
     # NOTE: before any read, so a mail made final by a request that found the mark set is seen.
     await _pass_request(settings).started(redis)
+    # NOTE: after the pass mark, so a settle request whose pass request found that mark set
+    # is taken by this pass.
+    settle = await _settle_requested(redis, settings) or settle
+    settled_all = True
     async with transaction(sessions) as session:
-        await finalize_settled_mails(session, limit=limit)
+        if settle:
+            settled_all = len(await finalize_settled_mails(session, limit=limit)) < limit
         batch = await create_notifications(session, routes=settings.routes, limit=limit)
     await enqueue_messages(batch.message_ids, redis=redis, sessions=sessions, settings=settings)
-    return batch.message_ids, batch.mails >= limit
+    if not settled_all:  # more settled mails may wait: the next pass looks again
+        await request_settle(redis, settings)
+    return batch.message_ids, batch.mails >= limit or not settled_all

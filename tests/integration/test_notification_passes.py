@@ -15,6 +15,8 @@ from mailroom.notifications import (
     notify_final_mails,
     pass_request_key,
     request_pass,
+    request_settle,
+    settle_request_key,
 )
 from mailroom.settings import DeliverySettings, NotificationRoute
 
@@ -85,3 +87,40 @@ async def test_a_request_redis_cannot_record_sends_a_pass_anyway(delivery):
         assert await request_pass(down, delivery) is True
     finally:
         await down.aclose()
+
+
+async def test_a_pass_a_finisher_asked_for_looks_for_settled_mails_only_when_asked(
+    recognition_factory, db_sessions, client, delivery
+):
+    # A stored mail with no file to recognize: only the settle scan makes it final.
+    bare = await recognition_factory.create_mail(status="stored")
+
+    await notify_final_mails(sessions=db_sessions, redis=client, settings=delivery, settle=False)
+    assert (await recognition_factory.mail(bare))["status"] == "stored", "no scan unasked"
+
+    assert await request_settle(client, delivery) is True  # as intake asks, having stored it
+    await notify_final_mails(sessions=db_sessions, redis=client, settings=delivery, settle=False)
+    assert (await recognition_factory.mail(bare))["status"] == "final"
+    assert await notified(recognition_factory) == {bare}
+    assert await client.exists(settle_request_key(delivery)) == 0, "the pass took the mark"
+
+
+async def test_settled_mails_past_one_pass_leave_the_settle_mark_for_the_next(
+    recognition_factory, db_sessions, client
+):
+    delivery = DeliverySettings(
+        stream_key=f"test:{uuid.uuid4().hex}",
+        routes=[NotificationRoute()],
+        notification_batch_size=1,
+    )
+    first = await recognition_factory.create_mail(status="stored")
+    second = await recognition_factory.create_mail(status="stored")
+    await request_settle(client, delivery)
+
+    _, more = await notify_final_mails(
+        sessions=db_sessions, redis=client, settings=delivery, settle=False
+    )
+    assert more and await client.exists(settle_request_key(delivery)) == 1
+    await notify_final_mails(sessions=db_sessions, redis=client, settings=delivery, settle=False)
+
+    assert await notified(recognition_factory) == {first, second}
