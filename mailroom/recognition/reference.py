@@ -7,7 +7,8 @@ the file from the object store, extracts fields, writes the result JSON to the
 results bucket and publishes the result. It is idempotent by job id + attempt:
 a repeated request republishes the answer it gave (kept in a bounded LRU, or
 found in the results bucket) without extracting again. Faults can be switched
-on for tests (``RecognizerFaults``).
+on for tests (``RecognizerFaults``). The result documents of jobs that finish
+together are written together (``ResultWrites``).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ from mailroom.recognition.contracts import (
 )
 from mailroom.recognition.extraction import extract
 from mailroom.recognition.reference_faults import RecognizerFaults
+from mailroom.recognition.reference_writes import ResultWrites
 from mailroom.settings import Settings
 from mailroom.stop_signals import handle_stop_signals
 
@@ -105,6 +107,7 @@ class ReferenceRecognizer:
         self.extractions = 0
         self._owns_store = store is None
         self._store = store if store is not None else build_store(settings)
+        self._results = ResultWrites(self._store)
         self._cache_size = cache_size
         self._answers: OrderedDict[JobKey, RecognitionResponse] = OrderedDict()
         self._in_flight: set[JobKey] = set()
@@ -308,7 +311,7 @@ class ReferenceRecognizer:
         try:
             # Not ``dump``: its exclude_none would drop ``value: null``, which is required.
             body = result.model_dump_json().encode()
-            ref = await self._store.put("results", key, body, media_type="application/json")
+            ref = await self._results.put(key, body)
         except RetryableError as exc:
             return self._error(request, "STORAGE_UNAVAILABLE", str(exc))
         return self._result(request, result, ObjectRef(bucket=ref.bucket, key=ref.key))
