@@ -40,7 +40,7 @@ ApplyOne = Callable[[Parsed], Awaitable[list[InboxOutcome]]]
 # it lets go of them: every row that comes back is a batch that never ended, i.e. died. Its own
 # statement, after the hold's: a statement's snapshot is taken before it waits for locks. One
 # row per batch, so the jobs are written once per batch (by the write-back), not twice.
-_BEGIN_BATCH = text(
+BEGIN_BATCH = text(
     """
     WITH mine AS (
         INSERT INTO inbox_batch_attempt (id, job_ids) VALUES (:id, CAST(:ids AS uuid[]))
@@ -63,7 +63,7 @@ async def begin_batch(
     True when an earlier batch holding one of them died. One statement in autocommit.
     """
     async with autocommit(sessions) as connection:
-        dead = await connection.execute(_BEGIN_BATCH, {"id": attempt_id, "ids": ids})
+        dead = await connection.execute(BEGIN_BATCH, {"id": attempt_id, "ids": ids})
         return dead.first() is not None
 
 

@@ -1,22 +1,33 @@
 """The inbox's SQL: lock a batch's jobs, register result objects, write the batch back.
 
 Beside ``inbox.py``, which applies each message's rules in Python between the
-lock and the write-back (ARCHITECTURE.md, Recognition, Inbox).
+lock and the write-back (ARCHITECTURE.md, Recognition, Inbox). The statements run on a
+psycopg connection in pipelines (``inbox_write.py``), so they are psycopg's SQL strings.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import psycopg
 import pydantic_core
-from sqlalchemy import Result, text
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy import TextClause, text
+from sqlalchemy.dialects.postgresql import psycopg as psycopg_dialect
+
+_DIALECT = psycopg_dialect.dialect()  # type: ignore[no-untyped-call]
+
+
+def psycopg_sql(statement: TextClause) -> str:
+    """A ``text()`` statement as psycopg's SQL (``:name`` becomes ``%(name)s``)."""
+    return str(statement.compile(dialect=_DIALECT))
+
 
 # The columns an answer may change; the batch reads them under the lock and writes them back.
 # Each row carries the transaction's time (``now()``), so the batch needs no round trip for it.
 # ``metrics`` comes as text, for ``locked_rows`` to read with pydantic's parser.
-LOCK_JOBS = text(
-    """
+LOCK_JOBS = psycopg_sql(
+    text(
+        """
     SELECT now() AS db_now, id, file_id, status, attempt, result_msg_id,
            CAST(metrics AS text) AS metrics, started_at, finished_at,
            service_name, service_version, fields_total, fields_low_confidence,
@@ -27,11 +38,27 @@ LOCK_JOBS = text(
      ORDER BY id
        FOR UPDATE
     """
+    )
 )
 
-# Sorted, so two batches registering the same keys wait for each other instead of deadlocking.
-REGISTER_OBJECTS = text(
+# The jobs held for a live batch (attempts.HELD_SPACE, the keys ``attempts.held`` takes), as
+# session locks: they outlive the batch's attempt, committed on its own. In hash order, so two
+# batches of shared jobs wait for each other, never deadlock; the lock timeout is set first.
+HOLD = psycopg_sql(
+    text(
+        """
+    SELECT count(pg_advisory_lock(:space, h))
+      FROM (SELECT DISTINCT hashtext(x) AS h FROM unnest(CAST(:ids AS text[])) AS x ORDER BY h) AS held
+     WHERE (SELECT set_config('lock_timeout', :timeout, true)) IS NOT NULL
     """
+    )
+)
+RELEASE = "SELECT pg_advisory_unlock_all()"
+
+# Sorted, so two batches registering the same keys wait for each other instead of deadlocking.
+REGISTER_OBJECTS = psycopg_sql(
+    text(
+        """
     INSERT INTO stored_object (bucket_role, bucket, key, created_by)
     SELECT 'results', r.bucket, r.key, r.created_by
       FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(bucket text, key text, created_by text)
@@ -39,17 +66,20 @@ REGISTER_OBJECTS = text(
     ON CONFLICT (bucket, key) DO NOTHING
     RETURNING id, bucket, key
     """
+    )
 )
 
 # A separate statement: its fresh snapshot sees objects another transaction committed while
 # our INSERT waited on them (ON CONFLICT DO NOTHING returns nothing for those).
-FIND_OBJECTS = text(
-    """
+FIND_OBJECTS = psycopg_sql(
+    text(
+        """
     SELECT o.id, o.bucket, o.key
       FROM stored_object AS o
       JOIN jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(bucket text, key text)
         ON o.bucket = r.bucket AND o.key = r.key
     """
+    )
 )
 
 # The jobs and their current files in one statement (Postgres runs a data-modifying WITH
@@ -58,8 +88,9 @@ FIND_OBJECTS = text(
 # only its current job and leaves UPLOADED only forward; an error result fails it; a revived
 # job's answer replaces the NO_ACK ERROR (revive.py). The batch's recorded attempt ends with it
 # (``:attempt``, NULL for a message applied alone: inbox_attempts.py).
-WRITE_BACK = text(
-    """
+WRITE_BACK = psycopg_sql(
+    text(
+        """
     WITH ended AS (
         DELETE FROM inbox_batch_attempt WHERE id = CAST(:attempt AS uuid)
     ),
@@ -93,6 +124,7 @@ WRITE_BACK = text(
        AND f.current_recognition_job_id = r.job_id
        AND (r.error OR f.status = 'UPLOADED' OR (r.revived AND f.status = 'ERROR'))
     """
+    )
 )
 
 #: The job columns the write-back sets (``metrics`` only when ``metrics_changed``).
@@ -115,10 +147,9 @@ WRITTEN = (
 )
 
 
-def locked_rows(result: Result[Any]) -> list[dict[str, Any]]:
+def locked_rows(names: list[str], result: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
     """``LOCK_JOBS``'s rows as dicts, ``metrics`` parsed (a few times faster than psycopg's
-    ``json.loads``, and no ``RowMapping`` per row)."""
-    names = list(result.keys())
+    ``json.loads``)."""
     rows = [dict(zip(names, row, strict=True)) for row in result]
     for row in rows:
         if row["metrics"] is not None:
@@ -136,7 +167,7 @@ def to_json(value: Any) -> str:
 
 
 async def register_objects(
-    session: AsyncSession, wanted: dict[tuple[str, str], str]
+    pg: psycopg.AsyncConnection[Any], wanted: dict[tuple[str, str], str]
 ) -> dict[tuple[str, str], int]:
     """Register each (bucket, key) once, reusing one already there; their ids.
 
@@ -145,11 +176,12 @@ async def register_objects(
     rows = to_json(
         [{"bucket": b, "key": k, "created_by": by} for (b, k), by in sorted(wanted.items())]
     )
-    ids = {(b, k): i for i, b, k in await session.execute(REGISTER_OBJECTS, {"rows": rows})}
+    registered = await pg.execute(REGISTER_OBJECTS, {"rows": rows}, prepare=True)
+    ids = {(b, k): i for i, b, k in await registered.fetchall()}
     missing = [ref for ref in wanted if ref not in ids]
     if missing:
-        found = await session.execute(
+        found = await pg.execute(
             FIND_OBJECTS, {"rows": to_json([{"bucket": b, "key": k} for b, k in missing])}
         )
-        ids.update({(b, k): i for i, b, k in found})
+        ids.update({(b, k): i for i, b, k in await found.fetchall()})
     return ids

@@ -6,10 +6,12 @@ import asyncio
 import json
 import uuid
 
+import psycopg
 import pytest
 from sqlalchemy import text
 
-from mailroom.recognition import attempts, inbox, inbox_attempts
+from mailroom.db import libpq_dsn
+from mailroom.recognition import attempts, inbox, inbox_attempts, inbox_write
 from mailroom.recognition.inbox import apply_recognition_messages
 from mailroom.recognition.inbox_messages import InboxMessage
 from mailroom.recognition.sql_params import uuid_array
@@ -258,3 +260,23 @@ async def test_a_dead_batch_holding_a_job_lets_the_next_one_see_its_attempt(
         await batch_rows(db_sessions, job.job_id),
         await batch_rows(db_sessions, other.job_id),
     ) == (1, 1)
+
+
+async def test_a_batch_that_dies_after_locking_its_jobs_leaves_its_attempt_recorded(
+    db_sessions, recognition_factory, database_url
+):
+    """The attempt is committed in the same round trip as the lock, before any work."""
+    job = await recognition_factory.create_job(status="processing")
+    pg = await psycopg.AsyncConnection.connect(libpq_dsn(database_url), autocommit=True)
+    try:
+        dead, jobs = await inbox_write.hold_and_lock(pg, uuid_array([job.job_id]), uuid.uuid4())
+    finally:
+        await pg.close()  # the worker died: its transaction and its hold go with the connection
+
+    assert (dead, [j.id for j in jobs]) == (False, [job.job_id])
+    assert await batch_rows(db_sessions, job.job_id) == 1
+    [outcome] = await apply(db_sessions, error_result(job))
+    assert outcome.applied == "result_applied"
+    counted = (await recognition_factory.job(job.job_id))["metrics"]
+    assert "inbox_attempts" not in counted, "applied alone, counted and given back"
+    assert await batch_rows(db_sessions, job.job_id) == 1, "the dead batch's row stays"

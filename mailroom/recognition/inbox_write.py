@@ -1,0 +1,178 @@
+"""The inbox's transactions on one psycopg connection, each step's statements in one pipeline.
+
+A batch takes three round trips (ARCHITECTURE.md, Recognition, Inbox): hold its jobs,
+record its attempt (committed), ``BEGIN`` and lock the job rows; register the result
+objects; write back, end the attempt, ``COMMIT`` and let go of the jobs. Through the
+ORM each of those statements was a round trip of its own, on three connections.
+
+The hold is session-level advisory locks on this connection (``attempts.HELD_SPACE``,
+the keys ``attempts.held`` takes): they outlive the attempt's own commit, and go
+when the batch lets go of them or, if it dies, with its connection. A connection that
+may still hold them never goes back to the pool: the caller's ``psycopg_autocommit``
+closes it on any exception, and ``release`` closes it when the unlock fails.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any, cast
+
+import psycopg
+from psycopg.pq import TransactionStatus
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from mailroom.recognition import attempts, inbox_sql
+from mailroom.recognition.inbox_attempts import BEGIN_BATCH, END_BATCH
+from mailroom.recognition.inbox_rules import Job
+from mailroom.recognition.revive import reopen_mails
+from mailroom.recognition.sql_params import int_array, uuid_array
+
+logger = logging.getLogger("mailroom.recognition.inbox")
+
+Connection = psycopg.AsyncConnection[Any]
+
+_BEGIN_BATCH = inbox_sql.psycopg_sql(BEGIN_BATCH)
+_END_BATCH = inbox_sql.psycopg_sql(END_BATCH)
+#: How long a batch waits for another live batch holding one of its jobs.
+_HOLD_TIMEOUT = f"{int(attempts.ALONE_WAIT_S * 1000)}ms"
+
+
+async def hold_and_lock(pg: Connection, ids: str, attempt_id: uuid.UUID) -> tuple[bool, list[Job]]:
+    """Hold the jobs, record the attempt, ``BEGIN`` and lock the rows: one round trip.
+
+    True first when another batch's recorded attempt names one of the jobs: as this
+    one holds them, that batch died. ``ids``: the jobs' ``uuid[]`` literal.
+    """
+    async with pg.pipeline():
+        # Statements up to a pipeline's sync share one implicit transaction, which a later
+        # BEGIN would take over: the attempt gets a transaction of its own, committed first.
+        await pg.execute("BEGIN")
+        hold = {"space": attempts.HELD_SPACE, "ids": ids, "timeout": _HOLD_TIMEOUT}
+        await pg.execute(inbox_sql.HOLD, hold, prepare=True)
+        # Its own statement after the hold: its snapshot is taken once the locks are granted.
+        dead = await pg.execute(_BEGIN_BATCH, {"id": attempt_id, "ids": ids}, prepare=True)
+        await pg.execute("COMMIT")
+        await pg.execute("BEGIN")
+        locked = await pg.execute(inbox_sql.LOCK_JOBS, {"ids": ids}, prepare=True)
+    return await dead.fetchone() is not None, await _jobs(locked)
+
+
+async def lock(pg: Connection, ids: str) -> list[Job]:
+    """``BEGIN`` and lock the rows (a message applied alone): one round trip."""
+    async with pg.pipeline():
+        await pg.execute("BEGIN")
+        locked = await pg.execute(inbox_sql.LOCK_JOBS, {"ids": ids}, prepare=True)
+    return await _jobs(locked)
+
+
+async def _jobs(locked: psycopg.AsyncCursor[Any]) -> list[Job]:
+    names = [column.name for column in locked.description or ()]
+    return list(map(Job, inbox_sql.locked_rows(names, await locked.fetchall())))
+
+
+async def write_back(
+    pg: Connection,
+    jobs: Sequence[Job],
+    now: datetime | None,
+    *,
+    attempt_id: uuid.UUID | None = None,
+    release: bool = False,
+) -> None:
+    """Write the changed jobs and files back, end the attempt, ``COMMIT`` (and let go)."""
+    changed = [job for job in jobs if job.changed]
+    params = None
+    if changed:
+        await _register_objects(pg, changed)
+        params = _write_back_params(changed, now, attempt_id)
+    revived = [job for job in changed if job.revived]
+    if revived:  # rare: the write-back and the mails' reopening on their own, then the commit
+        await pg.execute(inbox_sql.WRITE_BACK, params)
+        await reopen_mails(
+            cast(AsyncSession, _OnConnection(pg)),
+            [job.id for job in revived],
+            [job.row["file_id"] for job in revived],
+        )
+    async with pg.pipeline():
+        if params is not None and not revived:
+            await pg.execute(inbox_sql.WRITE_BACK, params, prepare=True)
+        elif params is None and attempt_id is not None:
+            await pg.execute(_END_BATCH, {"id": attempt_id}, prepare=True)
+        await pg.execute("COMMIT")
+        if release:
+            await pg.execute(inbox_sql.RELEASE)
+
+
+def _write_back_params(
+    changed: Sequence[Job], now: datetime | None, attempt_id: uuid.UUID | None
+) -> dict[str, Any]:
+    job_rows = [
+        {
+            **{name: job.row[name] for name in inbox_sql.WRITTEN},
+            "metrics_changed": job.metrics_changed,
+        }
+        for job in changed
+    ]
+    file_rows = [
+        {
+            "job_id": job.id,
+            "file_id": job.row["file_id"],
+            "error": job.file_change == "error",
+            "revived": job.revived,
+            # A revived file's NO_ACK reason goes; an error result brings its own.
+            "reason": job.file_reason,
+        }
+        for job in changed
+        if job.file_change is not None
+    ]
+    return {
+        "jobs": inbox_sql.to_json(job_rows),
+        "job_ids": uuid_array(job.id for job in changed),
+        "files": inbox_sql.to_json(file_rows),
+        "file_ids": int_array(row["file_id"] for row in file_rows),
+        "now": now,
+        "attempt": attempt_id,
+    }
+
+
+async def _register_objects(pg: Connection, jobs: Sequence[Job]) -> None:
+    """Register each result object once (reusing one already there) and link it to its job."""
+    wanted = {job.result_object: job.created_by for job in jobs if job.result_object}
+    if not wanted:
+        return
+    ids = await inbox_sql.register_objects(pg, wanted)
+    for job in jobs:
+        if job.result_object is not None:
+            job.row["result_object_id"] = ids.get(job.result_object)
+
+
+async def roll_back(pg: Connection, *, attempt_id: uuid.UUID | None = None) -> None:
+    """End the open transaction, if any (and the attempt, committed apart): the hold stays."""
+    in_transaction = pg.info.transaction_status != TransactionStatus.IDLE
+    async with pg.pipeline():
+        if in_transaction:
+            await pg.execute("ROLLBACK")
+        if attempt_id is not None:
+            await pg.execute(_END_BATCH, {"id": attempt_id}, prepare=True)
+
+
+async def release(pg: Connection) -> None:
+    """Let go of the jobs; a connection that cannot say so is closed, and they go with it."""
+    try:
+        await pg.execute(inbox_sql.RELEASE)
+    except Exception:
+        logger.warning("Could not release an inbox batch's jobs; closing its connection")
+        await pg.close()
+
+
+class _OnConnection:
+    """``session.execute`` for ``revive.reopen_mails``, run on the batch's connection."""
+
+    def __init__(self, pg: Connection) -> None:
+        self.pg = pg
+
+    async def execute(self, statement: Any, params: dict[str, Any]) -> list[Any]:
+        cursor = await self.pg.execute(inbox_sql.psycopg_sql(statement), params)
+        return await cursor.fetchall()
