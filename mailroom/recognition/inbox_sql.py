@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import psycopg
 import pydantic_core
 from sqlalchemy import TextClause, text
 from sqlalchemy.dialects.postgresql import psycopg as psycopg_dialect
@@ -56,7 +55,9 @@ HOLD = psycopg_sql(
 RELEASE = "SELECT pg_advisory_unlock_all()"
 
 # Sorted, so two batches registering the same keys wait for each other instead of deadlocking.
-REGISTER_OBJECTS = psycopg_sql(
+# In the write-back's pipeline, without RETURNING: the write-back, a later statement with a
+# fresh snapshot, finds each object, also one another transaction committed while this waited.
+REGISTER = psycopg_sql(
     text(
         """
     INSERT INTO stored_object (bucket_role, bucket, key, created_by)
@@ -64,20 +65,6 @@ REGISTER_OBJECTS = psycopg_sql(
       FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(bucket text, key text, created_by text)
      ORDER BY r.bucket, r.key
     ON CONFLICT (bucket, key) DO NOTHING
-    RETURNING id, bucket, key
-    """
-    )
-)
-
-# A separate statement: its fresh snapshot sees objects another transaction committed while
-# our INSERT waited on them (ON CONFLICT DO NOTHING returns nothing for those).
-FIND_OBJECTS = psycopg_sql(
-    text(
-        """
-    SELECT o.id, o.bucket, o.key
-      FROM stored_object AS o
-      JOIN jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(bucket text, key text)
-        ON o.bucket = r.bucket AND o.key = r.key
     """
     )
 )
@@ -104,13 +91,17 @@ WRITE_BACK = psycopg_sql(
                fields_unrecognized = r.fields_unrecognized,
                error_code = r.error_code, error_message = r.error_message,
                result_schema_version = r.result_schema_version,
-               result_object_id = r.result_object_id, result_msg_id = r.result_msg_id
+               -- A result's object, registered by the statement before; else the row's.
+               result_object_id = CASE WHEN r.result_key IS NULL THEN r.result_object_id
+                   ELSE (SELECT o.id FROM stored_object AS o
+                          WHERE o.bucket = r.result_bucket AND o.key = r.result_key) END,
+               result_msg_id = r.result_msg_id
           FROM jsonb_to_recordset(CAST(:jobs AS jsonb)) AS r(
                id uuid, status text, started_at timestamptz, finished_at timestamptz,
                service_name text, service_version text, metrics_changed boolean, metrics jsonb,
                fields_total int, fields_low_confidence int, fields_unrecognized int,
                error_code text, error_message text, result_schema_version text,
-               result_object_id bigint, result_msg_id text)
+               result_object_id bigint, result_msg_id text, result_bucket text, result_key text)
          WHERE j.id = r.id AND j.id = ANY(CAST(:job_ids AS uuid[]))
         RETURNING j.id
     )
@@ -164,24 +155,3 @@ def to_json(value: Any) -> str:
     hook on a batch's rows (datetimes, uuids), with the same output for Postgres.
     """
     return pydantic_core.to_json(value).decode()
-
-
-async def register_objects(
-    pg: psycopg.AsyncConnection[Any], wanted: dict[tuple[str, str], str]
-) -> dict[tuple[str, str], int]:
-    """Register each (bucket, key) once, reusing one already there; their ids.
-
-    ``wanted`` maps each object to its ``created_by``.
-    """
-    rows = to_json(
-        [{"bucket": b, "key": k, "created_by": by} for (b, k), by in sorted(wanted.items())]
-    )
-    registered = await pg.execute(REGISTER_OBJECTS, {"rows": rows}, prepare=True)
-    ids = {(b, k): i for i, b, k in await registered.fetchall()}
-    missing = [ref for ref in wanted if ref not in ids]
-    if missing:
-        found = await pg.execute(
-            FIND_OBJECTS, {"rows": to_json([{"bucket": b, "key": k} for b, k in missing])}
-        )
-        ids.update({(b, k): i for i, b, k in await found.fetchall()})
-    return ids

@@ -1,8 +1,8 @@
 """The inbox's transactions on one psycopg connection, each step's statements in one pipeline.
 
-A batch takes three round trips (ARCHITECTURE.md, Recognition, Inbox): hold its jobs,
+A batch takes two round trips (ARCHITECTURE.md, Recognition, Inbox): hold its jobs,
 record its attempt (committed), ``BEGIN`` and lock the job rows; register the result
-objects; write back, end the attempt, ``COMMIT`` and let go of the jobs. Through the
+objects, write back, end the attempt, ``COMMIT`` and let go of the jobs. Through the
 ORM each of those statements was a round trip of its own, on three connections.
 
 The hold is session-level advisory locks on this connection (``attempts.HELD_SPACE``,
@@ -83,12 +83,12 @@ async def write_back(
 ) -> None:
     """Write the changed jobs and files back, end the attempt, ``COMMIT`` (and let go)."""
     changed = [job for job in jobs if job.changed]
-    params = None
-    if changed:
-        await _register_objects(pg, changed)
-        params = _write_back_params(changed, now, attempt_id)
+    params = _write_back_params(changed, now, attempt_id) if changed else None
+    objects = _objects(changed)
     revived = [job for job in changed if job.revived]
     if revived:  # rare: the write-back and the mails' reopening on their own, then the commit
+        if objects is not None:
+            await pg.execute(inbox_sql.REGISTER, {"rows": objects})
         await pg.execute(inbox_sql.WRITE_BACK, params)
         await reopen_mails(
             cast(AsyncSession, _OnConnection(pg)),
@@ -97,6 +97,8 @@ async def write_back(
         )
     async with pg.pipeline():
         if params is not None and not revived:
+            if objects is not None:
+                await pg.execute(inbox_sql.REGISTER, {"rows": objects}, prepare=True)
             await pg.execute(inbox_sql.WRITE_BACK, params, prepare=True)
         elif params is None and attempt_id is not None:
             await pg.execute(_END_BATCH, {"id": attempt_id}, prepare=True)
@@ -112,6 +114,8 @@ def _write_back_params(
         {
             **{name: job.row[name] for name in inbox_sql.WRITTEN},
             "metrics_changed": job.metrics_changed,
+            "result_bucket": job.result_object[0] if job.result_object else None,
+            "result_key": job.result_object[1] if job.result_object else None,
         }
         for job in changed
     ]
@@ -137,15 +141,14 @@ def _write_back_params(
     }
 
 
-async def _register_objects(pg: Connection, jobs: Sequence[Job]) -> None:
-    """Register each result object once (reusing one already there) and link it to its job."""
+def _objects(jobs: Sequence[Job]) -> str | None:
+    """The result objects to register once each (one already there is reused), sorted."""
     wanted = {job.result_object: job.created_by for job in jobs if job.result_object}
     if not wanted:
-        return
-    ids = await inbox_sql.register_objects(pg, wanted)
-    for job in jobs:
-        if job.result_object is not None:
-            job.row["result_object_id"] = ids.get(job.result_object)
+        return None
+    return inbox_sql.to_json(
+        [{"bucket": b, "key": k, "created_by": by} for (b, k), by in sorted(wanted.items())]
+    )
 
 
 async def roll_back(pg: Connection, *, attempt_id: uuid.UUID | None = None) -> None:
