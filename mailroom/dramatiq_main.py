@@ -17,6 +17,7 @@ import sys
 
 from dramatiq.cli import main as dramatiq_main
 
+from mailroom import gc_policy
 from mailroom.observability import configure_logging
 from mailroom.settings import Settings
 
@@ -46,6 +47,7 @@ def import_shared_modules() -> None:
 
 
 def main() -> int:
+    gc_policy.tune()  # the worker processes it forks inherit the thresholds
     # Logging only: Sentry and the broker belong to the worker processes (``import actors``).
     configure_logging(Settings(), process="worker-main")
     import_shared_modules()

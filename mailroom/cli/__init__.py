@@ -72,6 +72,14 @@ def load_settings(process: str) -> Settings:
     return settings
 
 
+def start_service(process: str) -> Settings:
+    """``load_settings`` for a long-running process, its garbage collector tuned first."""
+    from mailroom import gc_policy
+
+    gc_policy.tune()
+    return load_settings(process)
+
+
 @app.command()
 def migrate() -> None:
     """Upgrade the database to the newest schema (alembic upgrade head).
@@ -135,7 +143,7 @@ def worker(
 @bridge_app.command("nats")
 def bridge_nats() -> None:
     """Feed recognition acks and results from NATS to the inbox actor."""
-    settings = load_settings("bridge-nats")
+    settings = start_service("bridge-nats")
     from bridges.nats import run
 
     raise typer.Exit(run(settings))
@@ -144,7 +152,7 @@ def bridge_nats() -> None:
 @bridge_app.command("stream")
 def bridge_stream() -> None:
     """Feed delivery entries from the Redis Stream to the delivery actor."""
-    settings = load_settings("bridge-stream")
+    settings = start_service("bridge-stream")
     from bridges.stream import run
 
     raise typer.Exit(run(settings))
@@ -153,7 +161,7 @@ def bridge_stream() -> None:
 @app.command()
 def scheduler() -> None:
     """Run the periodic jobs; one leader at a time through a Postgres advisory lock."""
-    settings = load_settings("scheduler")
+    settings = start_service("scheduler")
     from scheduling.runner import run
 
     raise typer.Exit(run(settings))

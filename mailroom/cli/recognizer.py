@@ -28,11 +28,11 @@ def recognizer(ctx: typer.Context) -> None:
     """Run the reference recognition service (dev, demo, tests); `check` tests a live one."""
     if ctx.invoked_subcommand is not None:
         return
-    from mailroom.cli import load_settings
+    from mailroom.cli import start_service
     from mailroom.recognition.pairing import real_mailbox_refusal
     from mailroom.recognition.reference import run
 
-    settings = load_settings("recognizer")
+    settings = start_service("recognizer")
     refusal = real_mailbox_refusal(settings)
     if refusal is not None:
         typer.echo(f"mailroom: recognizer: refusing to start: {refusal}", err=True)

@@ -31,6 +31,16 @@ def _loaded_modules(code: str) -> set[str]:
     return set(json.loads(result.stdout.strip().splitlines()[-1]))
 
 
+def _output(code: str) -> str:
+    """The last line ``code`` prints in a fresh interpreter, whatever it exits with."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MAILROOM_")}
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.stdout.strip(), result.stderr[-2000:]
+    return result.stdout.strip().splitlines()[-1]
+
+
 def _loaded(code: str) -> set[str]:
     """The top-level packages loaded after running ``code``."""
     return {name.split(".")[0] for name in _loaded_modules(code)}
@@ -147,3 +157,34 @@ def test_the_bridges_and_the_scheduler_send_by_name_without_loading_the_actors()
         )
         assert "actors.transport" in modules, name
         assert modules & _ACTOR_MODULES == set(), name
+
+
+#: Each long-running process's entry, its work replaced by printing the collector's thresholds.
+_SERVICES = {
+    "bridge nats": ("bridges.nats", "run", ["bridge", "nats"]),
+    "bridge stream": ("bridges.stream", "run", ["bridge", "stream"]),
+    "scheduler": ("scheduling.runner", "run", ["scheduler"]),
+    "recognizer": ("mailroom.recognition.reference", "run", ["recognizer"]),
+}
+
+
+def test_long_running_processes_collect_garbage_rarely():
+    from mailroom import gc_policy
+
+    tuned = f"{(gc_policy.YOUNG_THRESHOLD, *gc_policy.OLDER_THRESHOLDS)}"
+    for name, (module, function, argv) in _SERVICES.items():
+        code = (
+            "import gc, importlib\n"
+            f"target = importlib.import_module({module!r})\n"
+            f"setattr(target, {function!r}, lambda settings: print(gc.get_threshold()) or 0)\n"
+            "from mailroom.cli import app\n"
+            f"app({argv!r}, prog_name='mailroom')\n"
+        )
+        assert _output(code) == tuned, name
+    worker_main = (
+        "import gc, mailroom.dramatiq_main as entry\n"
+        "entry.import_shared_modules = lambda: None\n"
+        "entry.dramatiq_main = lambda: print(gc.get_threshold()) or 0\n"
+        "entry.main()\n"
+    )
+    assert _output(worker_main) == tuned
