@@ -36,8 +36,8 @@ _set_up_in: int | None = None
 def setup_process(settings: Settings, *, process: str) -> None:
     """Configure logging, Sentry (when a DSN is set) and tags for ``process``, once.
 
-    The first call in a process wins: bridges and the scheduler import ``actors``
-    (which sets up a worker) after the CLI set them up under their own name.
+    The first call in a process wins: a REPL or a test that imports ``actors`` after
+    the CLI set the process up keeps the CLI's name (``import actors`` sets up a worker).
     """
     global _set_up_in
     if _set_up_in == os.getpid():
