@@ -16,14 +16,14 @@ from typing import Literal
 from pydantic import ValidationError
 
 from mailroom.errors import InvalidMessage
-from mailroom.recognition.contracts import MSG_ID_HEADER, RecognitionResponse, parse_json_object
-from mailroom.recognition.finality import short_repr
-from mailroom.recognition.violations import (
-    FOREIGN_BUCKET,
+from mailroom.recognition.contracts import (
+    MSG_ID_HEADER,
     UNKNOWN_SERVICE,
-    Violation,
-    service_of,
+    RecognitionResponse,
+    parse_json_object,
 )
+from mailroom.recognition.finality import short_repr
+from mailroom.recognition.violations import FOREIGN_BUCKET, Violation, service_of
 
 # The inbox's logger: operators filter one name for everything the inbox rejects or applies.
 logger = logging.getLogger("mailroom.recognition.inbox")
