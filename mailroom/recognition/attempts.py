@@ -33,9 +33,6 @@ MAPPING_ATTEMPTS = "mapping_attempts"
 MAPPING_BATCH_ATTEMPTS = "mapping_batch_attempts"
 #: The inbox's attempts at one message alone: the count its job fails on.
 INBOX_ATTEMPTS = "inbox_attempts"
-#: The inbox's attempts at whole batches: a death there charges every job of the batch, so it
-#: only sends the batch's messages one at a time, and never fails a job.
-INBOX_BATCH_ATTEMPTS = "inbox_batch_attempts"
 
 # Rows locked in id order, so two batches counting the same jobs wait instead of deadlocking.
 # A count back at zero leaves no key: a job nothing ever died on keeps the metrics it had.
