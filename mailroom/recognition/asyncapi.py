@@ -67,7 +67,7 @@ MAILROOM_ERROR_CODES: dict[str, str] = {
 
 _EXAMPLE_JOB = uuid.UUID("0b7e4f36-5d0c-4c52-9a55-6f1d8e2a4b10")
 _EXAMPLE_SERVICE = ServiceInfo(name="acme-recognizer", version="2.3.1")
-_EXAMPLE_RESULT_REF = ObjectRef(bucket="mailroom-results", key=f"results/{_EXAMPLE_JOB}/1.json")
+_EXAMPLE_RESULT_REF = ObjectRef(bucket="mailroom-results", key=f"results/{_EXAMPLE_JOB}.1.json")
 
 
 def _example_messages() -> dict[str, list[tuple[str, str, BaseModel]]]:
