@@ -1,4 +1,4 @@
-"""An account's webhook requests in flight are capped per process, over small pools.
+"""An account's webhook requests in flight are capped per process, by its session's connector.
 
 A real HTTP/1.1 server on loopback holds every request until the test lets them go,
 so what it sees at once is what the channel has in flight.
@@ -10,7 +10,7 @@ import asyncio
 
 import pytest
 
-from mailroom.adapters.channels.webhook import CONNECTIONS_PER_CLIENT, WebhookChannel
+from mailroom.adapters.channels.webhook import WebhookChannel
 from mailroom.delivery.ports import Envelope
 from mailroom.settings import DeliverySettings, WebhookAccount
 
@@ -80,9 +80,9 @@ async def test_requests_in_flight_stop_at_the_accounts_cap_and_the_rest_wait():
             await asyncio.sleep(0)
         assert receiver.in_flight == 12
         assert receiver.answered == 0
-        # Two clients of at most 8 connections each hold the 12.
+        # One connection per request in flight, all of the channel's one session.
         assert receiver.connections == 12
-        assert len(channel._pool._clients) == -(-12 // CONNECTIONS_PER_CLIENT) == 2
+        assert channel._session is not None and channel._session.connector.limit == 12
         receiver.release.set()
         await asyncio.wait_for(asyncio.gather(*sends), 10)
         assert receiver.answered == 40

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from mailroom.adapters.channels import ChannelOutbound
-from mailroom.adapters.channels.webhook import ClientPool, WebhookChannel
+from mailroom.adapters.channels.webhook import WebhookChannel
 from mailroom.adapters.redis import DeliveryRedis
 from mailroom.delivery.deliver import Deliverer, Outcome
 from mailroom.delivery.locks import LockOwner
@@ -272,9 +272,8 @@ async def send_over_https(port: int, ca_file: Path) -> None:
         webhook_allowed_hosts=["localhost", "127.0.0.1"],
     )
     channel = WebhookChannel("default", settings)
-    # NOTE: the only change to the channel: its client trusts the test's certificate.
-    await channel._pool.aclose()
-    channel._pool = ClientPool(1, timeout_s=10.0, verify=ssl.create_default_context(cafile=ca_file))
+    # NOTE: the only change to the channel: it trusts the test's certificate.
+    channel.tls = ssl.create_default_context(cafile=ca_file)
     envelope = Envelope(7, "webhook", "default", "ops", "Invoice", "total 10", 1, 1)
     try:
         await channel.send(envelope)

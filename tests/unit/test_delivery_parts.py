@@ -6,13 +6,12 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime
 
-import httpx
 import pytest
 
 from mailroom.adapters import channels
 from mailroom.adapters.channels import ChannelOutbound
 from mailroom.adapters.channels.email import _by_code, build_mail
-from mailroom.adapters.channels.webhook import _check, parse_retry_after
+from mailroom.adapters.channels.webhook import Reply, _check, parse_retry_after
 from mailroom.delivery.chunks import ChunkPlan, split_body
 from mailroom.delivery.coalesce import Coalescer
 from mailroom.delivery.contracts import StreamEntry, decode_entry, decode_payload, encode_entry
@@ -138,12 +137,12 @@ def test_retry_after_accepts_seconds_and_http_dates():
 )
 def test_webhook_status_codes_map_to_error_kinds(status, headers, error):
     with pytest.raises(error):
-        _check(httpx.Response(status, headers=headers))
+        _check(Reply(status, "", headers, b""))
 
 
 def test_webhook_2xx_is_success():
     for status in (200, 201, 202, 204):
-        _check(httpx.Response(status))
+        _check(Reply(status, "", {}, b""))
 
 
 def test_smtp_codes_map_to_retryable_and_permanent():

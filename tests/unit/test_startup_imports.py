@@ -14,7 +14,16 @@ import subprocess
 import sys
 
 #: Libraries that only some commands or settings need.
-_OPERATOR_LIBRARIES = {"sqlalchemy", "psycopg", "redis", "nats", "httpx", "rich", "dramatiq"}
+_OPERATOR_LIBRARIES = {
+    "sqlalchemy",
+    "psycopg",
+    "redis",
+    "nats",
+    "httpx",
+    "aiohttp",
+    "rich",
+    "dramatiq",
+}
 
 
 def _loaded_modules(code: str) -> set[str]:
@@ -86,13 +95,19 @@ def test_an_operator_command_is_still_found_and_run():
 
 def test_worker_processes_without_a_sentry_dsn_or_oauth_never_import_sentry_or_httpx():
     # ``import actors`` is what each Dramatiq worker process runs; the stub broker keeps it
-    # from reaching a Redis server. Delivery's webhook channel imports httpx when it sends.
+    # from reaching a Redis server. Delivery's webhook channel imports aiohttp when it sends,
+    # but nats-py imports it anyway where it is installed (its websocket transport).
     loaded = _loaded(
         "import os; os.environ['MAILROOM_BROKER__KIND'] = 'stub'\n"
         "import actors, scheduling.runner, bridges.nats, bridges.stream"
     )
     assert {"dramatiq", "sqlalchemy"} <= loaded
     assert loaded & {"sentry_sdk", "httpx", "click", "rich", "typer", "boto3", "botocore"} == set()
+
+
+def test_the_channels_import_their_http_clients_when_they_send():
+    loaded = _loaded("import mailroom.adapters.channels, mailroom.adapters.channels.webhook")
+    assert loaded & {"aiohttp", "yarl", "httpx"} == set()
 
 
 def test_dramatiq_main_shares_only_inert_modules_with_its_worker_processes():

@@ -18,22 +18,25 @@ crash is simply sent again.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ipaddress
 import json
 import socket
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
-
-import httpx
+from typing import TYPE_CHECKING
 
 from mailroom import outbound, webhooks
 from mailroom.adapters.channels import Capabilities, register
 from mailroom.delivery.ports import Envelope
 from mailroom.errors import ChannelRejected, ChannelUnavailable, RateLimited, UnknownAccount
 from mailroom.settings import DeliverySettings, WebhookAccount
+
+if TYPE_CHECKING:  # aiohttp is imported when the first request is sent (worker start-up)
+    import aiohttp
+    from yarl import URL
 
 #: Longest wait for the DNS answer of a webhook host, in seconds.
 RESOLVE_TIMEOUT_S = 10.0
@@ -47,17 +50,33 @@ MAX_ID_BODY_BYTES = 64 * 1024
 #: Longest wait a ``Retry-After`` header may ask for, in seconds.
 MAX_RETRY_AFTER_S = 3600.0
 
-#: Connections of one pooled httpx client. httpcore checks every connection of its pool
-#: (expiry, a readability poll of its socket) each time a request starts or ends, so a
-#: request's CPU grows with the pool: measured here, about 1 ms per POST with 8 connections,
-#: 2 ms with 16, 3.7 ms with 100 (httpx's default). An account's requests in flight are
-#: spread over clients of at most this many connections instead.
-CONNECTIONS_PER_CLIENT = 8
+
+@dataclass(frozen=True)
+class Reply:
+    """What the channel keeps of an HTTP answer: enough to map it and find the receiver's id."""
+
+    status: int
+    reason: str
+    headers: Mapping[str, str]
+    #: The body, or ``None`` when it is longer than ``MAX_ID_BODY_BYTES`` (never parsed then).
+    body: bytes | None
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where one attempt goes: the URL with a checked address, and the name TLS checks."""
+
+    url: URL
+    server_hostname: str | None = None
 
 
 @register("webhook", Capabilities(idempotent=True))
 class WebhookChannel:
-    """POSTs each chunk to the account's URL over one pooled HTTP client."""
+    """POSTs each chunk to the account's URL over one aiohttp session.
+
+    The session's connector opens at most ``max_in_flight`` connections; a request past
+    the cap waits in the connector's queue (a future per request, no scan of the pool).
+    """
 
     def __init__(self, account: str, settings: DeliverySettings) -> None:
         found = settings.webhook_accounts.get(account)
@@ -66,7 +85,11 @@ class WebhookChannel:
         self.account_name = account
         self.account: WebhookAccount = found
         self.allow = settings.webhook_allow_list
-        self._pool = ClientPool(found.max_in_flight, timeout_s=found.timeout_s)
+        #: Certificates trusted for https: the system's (``True``), or a context (tests' CA).
+        self.tls: ssl.SSLContext | bool = True
+        # Built on first send: a session belongs to the running loop, and the channel may be
+        # built outside it.
+        self._session: aiohttp.ClientSession | None = None
 
     async def send(self, envelope: Envelope) -> str | None:
         body = json.dumps(
@@ -87,93 +110,88 @@ class WebhookChannel:
         for name, value in headers.items():
             outbound.check_header_value(name, value)
         targets = await self._pinned_targets(headers)
-        async with self._pool.client() as client:
-            response = await _post_first_reachable(client, targets, body, headers)
-        _check(response)
-        return provider_id(response)
+        reply = await _post_first_reachable(self._client(), targets, body, headers)
+        _check(reply)
+        return provider_id(reply)
 
     async def aclose(self) -> None:
-        await self._pool.aclose()
+        if self._session is not None:
+            session, self._session = self._session, None
+            await session.close()
 
-    async def _pinned_targets(
-        self, headers: dict[str, str]
-    ) -> list[tuple[httpx.URL, dict[str, str]]]:
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            import aiohttp
+
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self.account.max_in_flight, ssl=self.tls),
+                timeout=aiohttp.ClientTimeout(total=self.account.timeout_s),
+                trust_env=False,
+            )
+        return self._session
+
+    async def _pinned_targets(self, headers: dict[str, str]) -> list[Target]:
         """The account's URL with its host replaced by each checked address; sets ``Host``."""
+        from yarl import URL
+
         host = outbound.check_url(self.account.url, self.allow)
-        url = httpx.URL(self.account.url)
+        url = URL(self.account.url)
         address = outbound.literal_address(host)
         if address is not None:
             outbound.check_addresses(host, [address], self.allow)
-            return [(url, {})]
+            return [Target(url)]
         addresses = await _resolve(host, url.port or (443 if url.scheme == "https" else 80))
         outbound.check_addresses(host, addresses, self.allow)
-        headers["Host"] = url.netloc.decode("ascii")
-        # TLS still checks the certificate against the name (sni_hostname is its server name).
-        return [(url.copy_with(host=str(a)), {"sni_hostname": host}) for a in addresses]
-
-
-class ClientPool:
-    """At most ``max_in_flight`` requests at once, over as few httpx clients of
-    ``CONNECTIONS_PER_CLIENT`` connections as hold them: a request waits for a free slot
-    (never in httpcore's queue, which is scanned per connection too) and takes the least
-    busy client."""
-
-    def __init__(
-        self, max_in_flight: int, *, timeout_s: float, verify: ssl.SSLContext | bool = True
-    ) -> None:
-        limits = httpx.Limits(
-            max_connections=CONNECTIONS_PER_CLIENT,
-            max_keepalive_connections=CONNECTIONS_PER_CLIENT,
-        )
-        count = -(-max_in_flight // CONNECTIONS_PER_CLIENT)
-        self._clients = [
-            httpx.AsyncClient(
-                timeout=timeout_s,
-                follow_redirects=False,
-                trust_env=False,
-                limits=limits,
-                verify=verify,
-            )
-            for _ in range(count)
-        ]
-        self._busy = [0] * count
-        self._slots = asyncio.Semaphore(max_in_flight)
-
-    @contextlib.asynccontextmanager
-    async def client(self) -> AsyncIterator[httpx.AsyncClient]:
-        async with self._slots:
-            index = min(range(len(self._busy)), key=self._busy.__getitem__)
-            self._busy[index] += 1
-            try:
-                yield self._clients[index]
-            finally:
-                self._busy[index] -= 1
-
-    async def aclose(self) -> None:
-        for client in self._clients:
-            await client.aclose()
+        port = "" if url.explicit_port is None else f":{url.explicit_port}"
+        headers["Host"] = f"{url.raw_host}{port}"
+        # TLS still checks the certificate against the name (and sends it as SNI).
+        return [Target(url.with_host(str(a)), server_hostname=host) for a in addresses]
 
 
 async def _post_first_reachable(
-    client: httpx.AsyncClient,
-    targets: list[tuple[httpx.URL, dict[str, str]]],
-    body: bytes,
-    headers: dict[str, str],
-) -> httpx.Response:
+    session: aiohttp.ClientSession, targets: list[Target], body: bytes, headers: dict[str, str]
+) -> Reply:
     """POSTs to the first of the checked addresses that takes a connection."""
-    for index, (url, extensions) in enumerate(targets):
+    import aiohttp
+
+    for index, target in enumerate(targets):
         try:
-            return await client.post(url, content=body, headers=headers, extensions=extensions)
-        except httpx.ConnectError as exc:
+            async with session.post(
+                target.url,
+                data=body,
+                headers=headers,
+                allow_redirects=False,
+                server_hostname=target.server_hostname,
+            ) as response:
+                return Reply(
+                    response.status,
+                    response.reason or "",
+                    response.headers,
+                    await _read_at_most(response, MAX_ID_BODY_BYTES),
+                )
+        except TimeoutError as exc:  # aiohttp's own timeouts are TimeoutErrors too
+            raise ChannelUnavailable(f"webhook timed out: {type(exc).__name__}") from exc
+        except aiohttp.ClientConnectorError as exc:  # certificate refusals included
             if index + 1 < len(targets):
                 continue  # nothing was sent: the host's next checked address may answer
             raise ChannelUnavailable(f"webhook unreachable: ConnectError: {exc}") from exc
-        except httpx.TimeoutException as exc:
-            raise ChannelUnavailable(f"webhook timed out: {type(exc).__name__}") from exc
-        except httpx.TransportError as exc:
+        except aiohttp.ClientError as exc:
             detail = f"{type(exc).__name__}: {exc}"
             raise ChannelUnavailable(f"webhook unreachable: {detail}") from exc
     raise ChannelUnavailable("webhook host has no checked address")
+
+
+async def _read_at_most(response: aiohttp.ClientResponse, limit: int) -> bytes | None:
+    """The whole body if it is at most ``limit`` bytes, else ``None``; a longer body is not
+    read on (its connection is closed, not reused)."""
+    parts: list[bytes] = []
+    size = 0
+    async for part in response.content.iter_any():
+        size += len(part)
+        if size > limit:
+            return None
+        parts.append(part)
+    return b"".join(parts)
 
 
 async def _resolve(host: str, port: int) -> list[outbound.Address]:
@@ -194,12 +212,12 @@ async def _resolve(host: str, port: int) -> list[outbound.Address]:
     return addresses
 
 
-def provider_id(response: httpx.Response) -> str | None:
+def provider_id(reply: Reply) -> str | None:
     """The receiver's id for what it took: an ``X-Message-Id`` header, else ``id`` in a JSON body."""
-    found: object = response.headers.get("X-Message-Id")
-    if not found and response.headers.get("Content-Type", "").startswith("application/json"):
+    found: object = reply.headers.get("X-Message-Id")
+    if not found and reply.headers.get("Content-Type", "").startswith("application/json"):
         try:
-            body = response.json() if len(response.content) <= MAX_ID_BODY_BYTES else None
+            body = json.loads(reply.body) if reply.body is not None else None
         except ValueError:
             body = None
         found = body.get("id") if isinstance(body, dict) else None
@@ -208,13 +226,13 @@ def provider_id(response: httpx.Response) -> str | None:
     return None
 
 
-def _check(response: httpx.Response) -> None:
-    status = response.status_code
+def _check(reply: Reply) -> None:
+    status = reply.status
     if 200 <= status < 300:
         return
-    reason = f"webhook answered {status} {response.reason_phrase[:80]!r}"
+    reason = f"webhook answered {status} {reply.reason[:80]!r}"
     if status == 429:
-        retry_after = parse_retry_after(response.headers.get("Retry-After"))
+        retry_after = parse_retry_after(reply.headers.get("Retry-After"))
         if retry_after is not None:
             raise RateLimited(reason, retry_after_s=retry_after)
         raise ChannelUnavailable(reason)
