@@ -7,10 +7,10 @@ process of its own (``bench/http_baseline.py``; it verifies every signature):
 * delivery_http, per worker pool (processes x threads 1x8 and 2x8): pending
   ``webhook`` messages in Postgres with their ids put on the stream once the pool is
   warm; a ``mailroom bridge stream`` subprocess feeds ``deliver_channel_messages``;
-  from the first message delivered to the last ``delivered`` row. Baseline: raw httpx
-  POSTs of the same bodies with the same signature headers to the same sink, from one
-  process, at the deliverer's concurrency (per process: threads x batch_concurrency lanes,
-  at most the 100 connections of its httpx client).
+  from the first message delivered to the last ``delivered`` row. Baseline: raw POSTs
+  through the deliverer's own client library (aiohttp) of the same bodies with the same
+  signature headers to the same sink, from one process, at the deliverer's concurrency
+  (per process: threads x batch_concurrency lanes, at most the account's ``max_in_flight``).
   The 2x8 / 1x8 rate is the scale-out figure, printed with the cores it ran on;
 * bridge ingest: ``StreamBridge`` against a bare loop of batched XREADGROUP +
   one ``deliver_channel_messages`` enqueue per read + pipelined XACK, both in
@@ -252,7 +252,7 @@ class Bench:
         finally:
             phases(stop=self.stop(bridge, workers))
         # Each worker process has at most the account's max_in_flight POSTs in flight, whatever
-        # the lanes, over clients of CONNECTIONS_PER_CLIENT connections; the raw POSTs too.
+        # the lanes (its session's connector holds that many connections); the raw POSTs too.
         from mailroom.settings import WebhookAccount
 
         lanes = threads * DeliverySettings().batch_concurrency
@@ -354,7 +354,7 @@ def main() -> int:
                 rate = max(rate for rate, _ in runs)
                 raw = max(raw for _, raw in runs)
                 print(f"webhooks delivered {processes}x{threads}: {rate:8.0f} msg/s", flush=True)
-                print(f"raw httpx POSTs    {processes}x{threads}: {raw:8.0f} msg/s", flush=True)
+                print(f"raw aiohttp POSTs  {processes}x{threads}: {raw:8.0f} msg/s", flush=True)
                 http_ratios.append(rate / raw)
                 rates.append(rate)
             bare = bridge = 0.0

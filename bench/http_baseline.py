@@ -3,9 +3,9 @@
 * ``sink PORT SECRET``: a webhook sink that verifies every signature as the dev sink
   does (``mailroom.webhooks.verify``) and answers 200, over HTTP/1.1 keep-alive,
   until SIGTERM;
-* ``posts URL SECRET COUNT CONCURRENCY``: the raw baseline, httpx POSTs of the bodies
-  the webhook channel sends (same JSON, same signature headers) at a concurrency, over
-  clients of the channel's pool size;
+* ``posts URL SECRET COUNT CONCURRENCY``: the raw baseline, aiohttp POSTs of the bodies
+  the webhook channel sends (same JSON, same signature headers) at a concurrency, through
+  one session whose connector holds that many connections, as the channel's does;
   prints the rate in POSTs per second.
 """
 
@@ -62,16 +62,15 @@ def run_sink(port: int, secret: str) -> None:
 
 
 async def posts(url: str, secret: str, count: int, concurrency: int) -> float:
-    import httpx
+    import aiohttp
 
     from mailroom import webhooks
-    from mailroom.adapters.channels.webhook import CONNECTIONS_PER_CLIENT
 
     queue: asyncio.Queue[int] = asyncio.Queue()
     for n in range(1, count + 1):
         queue.put_nowait(n)
 
-    async def post_all(client: httpx.AsyncClient) -> None:
+    async def post_all(session: aiohttp.ClientSession) -> None:
         while not queue.empty():
             n = queue.get_nowait()
             body = json.dumps(
@@ -88,24 +87,21 @@ async def posts(url: str, secret: str, count: int, concurrency: int) -> float:
             key = f"raw-{n}"
             headers = {"Content-Type": "application/json", "Idempotency-Key": key}
             headers |= webhooks.signature_headers([secret], key, body)
-            response = await client.post(url, content=body, headers=headers)
-            response.raise_for_status()
+            async with session.post(
+                url, data=body, headers=headers, allow_redirects=False
+            ) as response:
+                await response.read()
+                response.raise_for_status()
 
-    # Spread over clients of as many connections as the webhook channel's (a request's CPU in
-    # httpx grows with its pool's connections), each filled like the channel fills them.
-    per_client = CONNECTIONS_PER_CLIENT
-    limits = httpx.Limits(max_connections=per_client, max_keepalive_connections=per_client)
-    clients = [
-        httpx.AsyncClient(timeout=30, trust_env=False, limits=limits)
-        for _ in range(-(-concurrency // per_client))
-    ]
-    try:
+    # Configured as the webhook channel configures its session (one per account and process).
+    async with aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=concurrency),
+        timeout=aiohttp.ClientTimeout(total=30),
+        trust_env=False,
+    ) as session:
         started = time.perf_counter()
-        await asyncio.gather(*(post_all(clients[n // per_client]) for n in range(concurrency)))
+        await asyncio.gather(*(post_all(session) for _ in range(concurrency)))
         return count / (time.perf_counter() - started)
-    finally:
-        for client in clients:
-            await client.aclose()
 
 
 if __name__ == "__main__":
