@@ -21,10 +21,9 @@ from mailroom.settings_oauth import AuthKind, OAuthSettings, check_login
 class WebhookAccount(StrictModel):
     url: str
     timeout_s: float = 10.0
-    #: Requests in flight to this account from one worker process; the others wait their turn.
-    #: Each costs the sender CPU in proportion to the connections open (httpx's pool checks
-    #: every one per request), so the default suits a receiver answering within ~100 ms
-    #: (about 160 requests/s per process); raise it for a slower receiver.
+    #: Requests (and connections) in flight to this account from one worker process; the
+    #: others wait their turn. The default suits a receiver answering within ~100 ms (about
+    #: 160 requests/s per process); raise it for a slower receiver.
     max_in_flight: int = Field(16, gt=0, le=1_000)
     #: Active signing secrets (``whsec_<base64 key>``, or a raw string of 16+ bytes); each signs
     #: every request (``webhook-signature``), so a new one can be added before the old one goes.
