@@ -6,6 +6,7 @@ answers 401 with the reason to a missing, stale or forged signature.
 
 from __future__ import annotations
 
+import ipaddress
 import ssl
 import threading
 import time
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from mailroom.adapters.channels import ChannelOutbound
+from mailroom.adapters.channels import ChannelOutbound, webhook
 from mailroom.adapters.channels.webhook import WebhookChannel
 from mailroom.adapters.redis import DeliveryRedis
 from mailroom.delivery.deliver import Deliverer, Outcome
@@ -296,3 +297,25 @@ async def test_a_certificate_for_another_name_is_refused(https_receiver):
     with pytest.raises(ChannelUnavailable, match="ConnectError"):
         await send_over_https(port, ca_file)
     assert hosts == []
+
+
+async def test_a_refused_connect_goes_on_to_the_hosts_next_checked_address(
+    http_receiver, monkeypatch
+):
+    # The name's first address takes no connection (nothing listens on 127.0.0.2 there).
+    async def resolve(host: str, port: int) -> list:
+        return [ipaddress.ip_address("127.0.0.2"), ipaddress.ip_address("127.0.0.1")]
+
+    monkeypatch.setattr(webhook, "_resolve", resolve)
+    settings = DeliverySettings(
+        webhook_accounts={"default": WebhookAccount(url=f"http://localhost:{http_receiver.port}/")},
+        webhook_allowed_hosts=["localhost", "127.0.0.0/8"],
+        webhook_allow_http=True,
+    )
+    channel = WebhookChannel("default", settings)
+    try:
+        await channel.send(Envelope(7, "webhook", "default", "ops", "Invoice", "total", 1, 1))
+    finally:
+        await channel.aclose()
+    [request] = http_receiver.requests
+    assert request.headers["Host"] == f"localhost:{http_receiver.port}"
