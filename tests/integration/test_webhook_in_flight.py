@@ -12,6 +12,7 @@ import pytest
 
 from mailroom.adapters.channels.webhook import WebhookChannel
 from mailroom.delivery.ports import Envelope
+from mailroom.errors import ChannelUnavailable
 from mailroom.settings import DeliverySettings, WebhookAccount
 
 pytestmark = pytest.mark.integration
@@ -102,3 +103,17 @@ async def test_requests_in_flight_stop_at_the_accounts_cap_and_the_rest_wait():
 def test_the_cap_is_a_positive_count():
     with pytest.raises(ValueError, match="greater than 0"):
         WebhookAccount(url="http://127.0.0.1/hook", max_in_flight=0)
+
+
+async def test_a_send_on_a_closed_channel_is_retryable_and_opens_no_session():
+    # What a lane still holding a chain that an account reload replaced (and closed) sees.
+    settings = DeliverySettings(
+        webhook_accounts={"default": WebhookAccount(url="http://127.0.0.1:9/hook")},
+        webhook_allowed_hosts=["127.0.0.1"],
+        webhook_allow_http=True,
+    )
+    channel = WebhookChannel("default", settings)
+    await channel.aclose()
+    with pytest.raises(ChannelUnavailable, match="closed"):
+        await channel.send(Envelope(1, "webhook", "default", "ops", "Invoice", "total", 1, 1))
+    assert channel._session is None

@@ -90,6 +90,7 @@ class WebhookChannel:
         # Built on first send: a session belongs to the running loop, and the channel may be
         # built outside it.
         self._session: aiohttp.ClientSession | None = None
+        self._closed = False
 
     async def send(self, envelope: Envelope) -> str | None:
         body = json.dumps(
@@ -115,11 +116,15 @@ class WebhookChannel:
         return provider_id(reply)
 
     async def aclose(self) -> None:
+        self._closed = True
         if self._session is not None:
             session, self._session = self._session, None
             await session.close()
 
     def _client(self) -> aiohttp.ClientSession:
+        if self._closed:
+            # A lane still holding a chain that a refresh replaced: retried on the new one.
+            raise ChannelUnavailable("webhook channel closed (its account was reloaded)")
         if self._session is None:
             import aiohttp
 
@@ -155,6 +160,8 @@ async def _post_first_reachable(
     import aiohttp
 
     for index, target in enumerate(targets):
+        if session.closed:
+            raise ChannelUnavailable("webhook channel closed (its account was reloaded)")
         try:
             async with session.post(
                 target.url,
