@@ -18,6 +18,14 @@ from mailroom.settings import DeliverySettings, WebhookAccount
 pytestmark = pytest.mark.integration
 
 
+def _content_length(head: bytes) -> int:
+    return next(
+        int(line.split(b":", 1)[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
+
+
 class HoldingReceiver:
     """Answers 200 to each POST once ``release`` is set; counts requests and connections."""
 
@@ -34,12 +42,7 @@ class HoldingReceiver:
         self.connections += 1
         try:
             while head := await reader.readuntil(b"\r\n\r\n"):
-                length = next(
-                    int(line.split(b":", 1)[1])
-                    for line in head.split(b"\r\n")
-                    if line.lower().startswith(b"content-length:")
-                )
-                await reader.readexactly(length)
+                await reader.readexactly(_content_length(head))
                 self.in_flight += 1
                 self.peak = max(self.peak, self.in_flight)
                 if self.in_flight == self.expect:
@@ -95,6 +98,44 @@ async def test_requests_in_flight_stop_at_the_accounts_cap_and_the_rest_wait():
         for task in sends:
             task.cancel()
         await asyncio.gather(*sends, return_exceptions=True)
+        await channel.aclose()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_wait_for_a_connection_longer_than_the_timeout_is_not_a_timeout():
+    # One request at a time, each answered well within the timeout: the last of 12 waits
+    # about twice the timeout for its turn, and is still sent, not failed unsent.
+    async def slow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while head := await reader.readuntil(b"\r\n\r\n"):
+                await reader.readexactly(_content_length(head))
+                await asyncio.sleep(0.1)
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(slow, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    account = WebhookAccount(url=f"http://127.0.0.1:{port}/hook", max_in_flight=1, timeout_s=0.6)
+    settings = DeliverySettings(
+        webhook_accounts={"default": account},
+        webhook_allowed_hosts=["127.0.0.1"],
+        webhook_allow_http=True,
+    )
+    channel = WebhookChannel("default", settings)
+    try:
+        envelopes = [
+            Envelope(n, "webhook", "default", "ops", "Invoice", "", 1, 1) for n in range(12)
+        ]
+        outcomes = await asyncio.gather(
+            *(channel.send(e) for e in envelopes), return_exceptions=True
+        )
+        assert [o for o in outcomes if isinstance(o, BaseException)] == []
+    finally:
         await channel.aclose()
         server.close()
         await server.wait_closed()

@@ -130,7 +130,15 @@ class WebhookChannel:
 
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=self.account.max_in_flight, ssl=self.tls),
-                timeout=aiohttp.ClientTimeout(total=self.account.timeout_s),
+                # Per step, as a request's wait for one of the connections is not its own
+                # slowness: under a total timeout, lanes queued behind a slow receiver would
+                # time out unsent and spend attempts.
+                timeout=aiohttp.ClientTimeout(
+                    total=None,
+                    connect=None,
+                    sock_connect=self.account.timeout_s,
+                    sock_read=self.account.timeout_s,
+                ),
                 trust_env=False,
             )
         return self._session
