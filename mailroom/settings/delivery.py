@@ -20,6 +20,8 @@ from mailroom.settings_oauth import AuthKind, OAuthSettings, check_login
 
 class WebhookAccount(StrictModel):
     url: str
+    #: Longest wait to connect, and for each read of the answer, in seconds (a wait for one
+    #: of the ``max_in_flight`` connections is not counted).
     timeout_s: float = 10.0
     #: Requests (and connections) in flight to this account from one worker process; the
     #: others wait their turn. The default suits a receiver answering within ~100 ms (about
