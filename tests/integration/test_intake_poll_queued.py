@@ -17,7 +17,13 @@ from actors.intake import poll_mailboxes
 from mailroom.intake import cursor as cursors
 from mailroom.intake.pending import mark_polls_queued
 from mailroom.models import MailboxCursor
-from mailroom.settings import DatabaseSettings, IntakeSettings, Settings, StorageSettings
+from mailroom.settings import (
+    DatabaseSettings,
+    IntakeSettings,
+    RedisSettings,
+    Settings,
+    StorageSettings,
+)
 from tests.fixtures.imap import csv_mail
 
 pytestmark = pytest.mark.integration
@@ -76,13 +82,15 @@ async def test_a_mailbox_is_marked_once_until_a_claim_takes_its_poll(intake_env)
 
 
 @pytest.fixture
-def settings(database_url, tmp_path, imap_server, imap_folder):
+def settings(database_url, redis_url, tmp_path, imap_server, imap_folder):
     mailboxes = [
         imap_server.mailbox_settings(name, imap_folder, idle=False) for name in ("a", "b", "c")
     ]
     settings = Settings(
         state_dir=tmp_path,
         database=DatabaseSettings(url=database_url, pool_size=2),
+        # The passes' marks (outbox nudge, notifications) live in Redis, as in production.
+        redis=RedisSettings(url=redis_url),
         storage=StorageSettings(kind="filesystem"),
         intake=IntakeSettings(mailboxes=mailboxes),
     )
