@@ -135,15 +135,21 @@ class ProcessCpu:
     def _tree(self, pid: int, *, children: bool = True) -> float:
         try:
             root = psutil.Process(pid)
-            total = 0.0
-            for proc in [root, *(root.children(recursive=True) if children else [])]:
-                times = proc.cpu_times()
-                total += times.user + times.system
-                if children:  # children that exited (Postgres backends) and were waited for
-                    total += times.children_user + times.children_system
-            return total
+            tree = [root, *(root.children(recursive=True) if children else [])]
         except psutil.NoSuchProcess:
             return 0.0
+        total = 0.0
+        for proc in tree:
+            # One process that exits while it is read (a Postgres backend) drops out alone:
+            # it must not zero its whole tree (that made Postgres's figure negative).
+            try:
+                times = proc.cpu_times()
+            except psutil.NoSuchProcess:
+                continue
+            total += times.user + times.system
+            if children:  # children that exited (Postgres backends) and were waited for
+                total += times.children_user + times.children_system
+        return total
 
     def read(self) -> dict[str, float]:
         cpu = {label: self._tree(pid) for label, pid in self.pids.items()}
