@@ -27,10 +27,12 @@ def _content_length(head: bytes) -> int:
 
 
 class HoldingReceiver:
-    """Answers 200 to each POST once ``release`` is set; counts requests and connections."""
+    """Answers 200 to each POST once ``release`` is set (after ``delay_s`` when given);
+    counts requests and connections."""
 
-    def __init__(self) -> None:
+    def __init__(self, delay_s: float | None = None) -> None:
         self.release = asyncio.Event()
+        self.delay_s = delay_s
         self.in_flight = 0
         self.peak = 0
         self.answered = 0
@@ -47,7 +49,10 @@ class HoldingReceiver:
                 self.peak = max(self.peak, self.in_flight)
                 if self.in_flight == self.expect:
                     self.reached.set()
-                await self.release.wait()
+                if self.delay_s is None:
+                    await self.release.wait()
+                else:
+                    await asyncio.sleep(self.delay_s)
                 self.in_flight -= 1
                 self.answered += 1
                 writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
@@ -106,19 +111,8 @@ async def test_requests_in_flight_stop_at_the_accounts_cap_and_the_rest_wait():
 async def test_a_wait_for_a_connection_longer_than_the_timeout_is_not_a_timeout():
     # One request at a time, each answered well within the timeout: the last of 12 waits
     # about twice the timeout for its turn, and is still sent, not failed unsent.
-    async def slow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while head := await reader.readuntil(b"\r\n\r\n"):
-                await reader.readexactly(_content_length(head))
-                await asyncio.sleep(0.1)
-                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
-                await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
-
-    server = await asyncio.start_server(slow, "127.0.0.1", 0)
+    receiver = HoldingReceiver(delay_s=0.1)
+    server = await asyncio.start_server(receiver.serve, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     account = WebhookAccount(url=f"http://127.0.0.1:{port}/hook", max_in_flight=1, timeout_s=0.6)
     settings = DeliverySettings(
@@ -135,6 +129,7 @@ async def test_a_wait_for_a_connection_longer_than_the_timeout_is_not_a_timeout(
             *(channel.send(e) for e in envelopes), return_exceptions=True
         )
         assert [o for o in outcomes if isinstance(o, BaseException)] == []
+        assert receiver.answered == 12 and receiver.peak == 1
     finally:
         await channel.aclose()
         server.close()
