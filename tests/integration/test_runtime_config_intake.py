@@ -12,7 +12,13 @@ from typer.testing import CliRunner
 import actors.resources
 from mailroom.cli import app
 from mailroom.db import libpq_dsn
-from mailroom.settings import DatabaseSettings, RuntimeConfigSettings, Settings, StorageSettings
+from mailroom.settings import (
+    DatabaseSettings,
+    RedisSettings,
+    RuntimeConfigSettings,
+    Settings,
+    StorageSettings,
+)
 from scheduling.jobs import job_table
 from tests.fixtures.imap import csv_mail
 
@@ -23,12 +29,14 @@ KEY = Fernet.generate_key().decode()
 
 
 @pytest.fixture
-def settings(database_url, tmp_path, monkeypatch):
+def settings(database_url, redis_url, tmp_path, monkeypatch):
     monkeypatch.setenv("MAILROOM_DATABASE__URL", database_url)
     monkeypatch.setenv("MAILROOM_RUNTIME_CONFIG__KEY", KEY)
     settings = Settings(
         state_dir=tmp_path,
         database=DatabaseSettings(url=database_url, pool_size=2),
+        # The passes' marks (outbox nudge, notifications) live in Redis, as in production.
+        redis=RedisSettings(url=redis_url),
         storage=StorageSettings(kind="filesystem"),
         runtime_config=RuntimeConfigSettings(key=KEY),
     )
