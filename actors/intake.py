@@ -21,7 +21,7 @@ from mailroom.recognition import window
 from mailroom.settings import IntakeSettings
 
 #: The mailboxes of the table, read again only when its mailbox rows change.
-_MAILBOXES = effective.RuntimeMailboxes()
+_MAILBOXES = effective.runtime_mailboxes()
 
 
 async def _intake_settings() -> IntakeSettings:

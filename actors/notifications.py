@@ -13,7 +13,7 @@ from mailroom import actor_names, notifications
 from mailroom.config_store import effective
 
 #: This process's routes, re-read only when the route rows change.
-_ROUTES = effective.RuntimeRoutes()
+_ROUTES = effective.runtime_routes()
 
 
 #: How long one message keeps taking passes while more final mails wait, in seconds. A pass

@@ -9,6 +9,7 @@ refused config) is logged and, for accounts, kept as the reason its messages fai
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -174,10 +175,10 @@ class KeptByVersion(Generic[S]):
     Kept per process; a call with other settings, key or database loads anew.
     """
 
-    #: The ``runtime_config`` kind whose rows the settings carry.
-    kind: str
-
-    def __init__(self) -> None:
+    def __init__(self, kind: str, load: Callable[[Sessions, S, str], Awaitable[S]]) -> None:
+        #: The ``runtime_config`` kind whose rows the settings carry, and how they are applied.
+        self.kind = kind
+        self.load: Callable[[Sessions, S, str], Awaitable[S]] = load
         # Compared by identity and held here, so an id is never reused while it is compared.
         self._sessions: Sessions | None = None
         self._base: S | None = None
@@ -195,24 +196,12 @@ class KeptByVersion(Generic[S]):
         self._sessions, self._base, self._seen = sessions, base, seen
         return self._settings
 
-    async def load(self, sessions: Sessions, base: S, key: str) -> S:
-        """``base`` with the rows as the table says now."""
-        raise NotImplementedError
 
-
-class RuntimeRoutes(KeptByVersion[DeliverySettings]):
+def runtime_routes() -> KeptByVersion[DeliverySettings]:
     """``delivery_routes`` kept until the route rows change (notification passes)."""
-
-    kind = "route"
-
-    async def load(self, sessions: Sessions, base: DeliverySettings, key: str) -> DeliverySettings:
-        return await delivery_routes(sessions, base, key)
+    return KeptByVersion("route", delivery_routes)
 
 
-class RuntimeMailboxes(KeptByVersion[IntakeSettings]):
+def runtime_mailboxes() -> KeptByVersion[IntakeSettings]:
     """``intake_settings`` kept until the mailbox rows change (every poll needs them)."""
-
-    kind = "mailbox"
-
-    async def load(self, sessions: Sessions, base: IntakeSettings, key: str) -> IntakeSettings:
-        return await intake_settings(sessions, base, key)
+    return KeptByVersion("mailbox", intake_settings)

@@ -10,6 +10,7 @@ import psycopg
 import pytest
 import redis.asyncio as aioredis
 
+import actors.intake
 import actors.resources
 from actors.intake import poll_mailbox
 from mailroom.config_store import effective
@@ -93,13 +94,13 @@ def test_the_mailboxes_are_read_once_while_their_rows_do_not_change(
     settings, stub_broker, intake_worker, imap_server, imap_folder, monkeypatch
 ):
     reads: list[str] = []
-    read = effective.intake_settings
+    kept = actors.intake._MAILBOXES
 
     async def counted(*args):
         reads.append("mailboxes")
-        return await read(*args)
+        return await effective.intake_settings(*args)
 
-    monkeypatch.setattr(effective, "intake_settings", counted)
+    monkeypatch.setattr(kept, "load", counted)
     imap_server.append(imap_folder, *(csv_mail(n) for n in range(3)))
 
     poll_mailbox.send("box")

@@ -33,7 +33,7 @@ def recipients(delivery):
 
 
 async def test_routes_are_kept_until_a_route_row_changes(db_sessions, monkeypatch):
-    cache = effective.RuntimeRoutes()
+    cache = effective.runtime_routes()
     delivery = DeliverySettings(routes=[NotificationRoute(recipient="ops")])
     await put_route(db_sessions, "erp", "erp-team")
     reads = []
@@ -60,7 +60,7 @@ async def test_routes_are_kept_until_a_route_row_changes(db_sessions, monkeypatc
 
 
 async def test_an_unchanged_check_is_one_statement_outside_any_transaction(db_sessions):
-    cache = effective.RuntimeRoutes()
+    cache = effective.runtime_routes()
     delivery = DeliverySettings(routes=[NotificationRoute(recipient="ops")])
     await cache.get(db_sessions, delivery, KEY)
     engine = db_sessions.kw["bind"].sync_engine
