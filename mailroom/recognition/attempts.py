@@ -22,7 +22,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from mailroom.db import autocommit
-from mailroom.recognition.sql_params import text_array, uuid_array
+from mailroom.recognition.sql_params import uuid_array
 
 logger = logging.getLogger(__name__)
 
@@ -125,37 +125,6 @@ async def alone(
         yield
 
 
-#: Advisory lock space (the first key of the two-key form) of jobs a live batch holds.
+#: Advisory lock space (the first key of the two-key form) of jobs a live inbox batch holds
+#: (``inbox_sql.HOLD``: each job id's text, hashed).
 HELD_SPACE = 0x696E_6278  # "inbx"
-
-# Locks taken in one statement in hash order, so two batches of shared jobs wait, never deadlock.
-# The lock timeout is set first, in the same round trip (a one-time filter, run before the scan).
-_HOLD = text(
-    """
-    SELECT count(pg_advisory_xact_lock(:space, h))
-      FROM (SELECT DISTINCT hashtext(x) AS h FROM unnest(CAST(:ids AS text[])) AS x ORDER BY h) AS held
-     WHERE (SELECT set_config('lock_timeout', :timeout, true)) IS NOT NULL
-    """
-)
-
-
-@asynccontextmanager
-async def held(
-    sessions: async_sessionmaker[AsyncSession],
-    job_ids: Collection[uuid.UUID],
-    *,
-    wait_s: float = ALONE_WAIT_S,
-) -> AsyncIterator[None]:
-    """Hold the jobs for one live attempt: another attempt at any of them waits for it.
-
-    A count left by an attempt means a death only when no live attempt holds the job:
-    the ack and the result of one job, in two batches run side by side, would otherwise
-    each take the other's count for a death and go the slow, one-at-a-time way. The
-    locks go with the transaction, or with the connection when the process dies, so a
-    dead attempt's count is seen by the next one. Waiting longer than ``wait_s`` raises.
-    """
-    async with sessions() as session, session.begin():
-        timeout = f"{max(1, int(wait_s * 1000))}ms"
-        ids = text_array(sorted({str(job_id) for job_id in job_ids}))
-        await session.execute(_HOLD, {"space": HELD_SPACE, "ids": ids, "timeout": timeout})
-        yield

@@ -36,7 +36,7 @@ INBOX_ATTEMPTS_EXHAUSTED = "INBOX_ATTEMPTS_EXHAUSTED"
 ApplyOne = Callable[[Parsed], Awaitable[list[InboxOutcome]]]
 
 # The batch's row, committed before the work, and the rows of other batches that name one of
-# its jobs. The batch holds its jobs (``attempts.held``), and a live batch deletes its row before
+# its jobs. The batch holds its jobs (``inbox_sql.HOLD``), and a live batch deletes its row before
 # it lets go of them: every row that comes back is a batch that never ended, i.e. died. Its own
 # statement, after the hold's: a statement's snapshot is taken before it waits for locks. One
 # row per batch, so the jobs are written once per batch (by the write-back), not twice.

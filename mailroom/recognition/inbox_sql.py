@@ -40,7 +40,7 @@ LOCK_JOBS = psycopg_sql(
     )
 )
 
-# The jobs held for a live batch (attempts.HELD_SPACE, the keys ``attempts.held`` takes), as
+# The jobs held for a live batch (attempts.HELD_SPACE, each job id's text hashed), as
 # session locks: they outlive the batch's attempt, committed on its own. In hash order, so two
 # batches of shared jobs wait for each other, never deadlock; the lock timeout is set first.
 HOLD = psycopg_sql(

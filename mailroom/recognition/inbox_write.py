@@ -6,7 +6,7 @@ objects, write back, end the attempt, ``COMMIT`` and let go of the jobs. Through
 ORM each of those statements was a round trip of its own, on three connections.
 
 The hold is session-level advisory locks on this connection (``attempts.HELD_SPACE``,
-the keys ``attempts.held`` takes): they outlive the attempt's own commit, and go
+each job id hashed): they outlive the attempt's own commit, and go
 when the batch lets go of them or, if it dies, with its connection. A connection that
 may still hold them never goes back to the pool: the caller's ``psycopg_autocommit``
 closes it on any exception, and ``release`` closes it when the unlock fails.

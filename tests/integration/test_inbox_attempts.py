@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from contextlib import asynccontextmanager
 
 import psycopg
 import pytest
 from sqlalchemy import text
 
-from mailroom.db import libpq_dsn
-from mailroom.recognition import attempts, inbox, inbox_attempts, inbox_write
+from mailroom.db import libpq_dsn, psycopg_autocommit
+from mailroom.recognition import attempts, inbox, inbox_attempts, inbox_sql, inbox_write
 from mailroom.recognition.inbox import apply_recognition_messages
 from mailroom.recognition.inbox_messages import InboxMessage
 from mailroom.recognition.sql_params import uuid_array
@@ -234,6 +235,18 @@ async def test_an_ack_and_its_result_in_batches_side_by_side_both_go_the_batch_w
     assert await batch_rows(db_sessions, job.job_id) == 0
 
 
+@asynccontextmanager
+async def held(sessions, job_ids):
+    """Hold the jobs as a live batch does (``inbox_sql.HOLD``), until the block ends."""
+    async with psycopg_autocommit(sessions) as pg:
+        hold = {"space": attempts.HELD_SPACE, "ids": uuid_array(job_ids), "timeout": "5s"}
+        await pg.execute(inbox_sql.HOLD, hold)
+        try:
+            yield
+        finally:
+            await pg.execute(inbox_sql.RELEASE)
+
+
 async def test_a_dead_batch_holding_a_job_lets_the_next_one_see_its_attempt(
     db_sessions, recognition_factory
 ):
@@ -241,15 +254,15 @@ async def test_a_dead_batch_holding_a_job_lets_the_next_one_see_its_attempt(
     other = await recognition_factory.create_job(status="processing")
     ids = uuid_array([job.job_id])
     # A batch that recorded itself and whose process died: its hold went with its connection.
-    async with attempts.held(db_sessions, [job.job_id]):
+    async with held(db_sessions, [job.job_id]):
         assert not await inbox_attempts.begin_batch(db_sessions, uuid.uuid4(), ids)
 
-    async with attempts.held(db_sessions, [job.job_id, other.job_id]):
+    async with held(db_sessions, [job.job_id, other.job_id]):
         mine = uuid.uuid4()
         both = uuid_array([job.job_id, other.job_id])
         dead_before = await inbox_attempts.begin_batch(db_sessions, mine, both)
         await inbox_attempts.end_batch_apart(db_sessions, mine)
-    async with attempts.held(db_sessions, [other.job_id]):
+    async with held(db_sessions, [other.job_id]):
         alone = await inbox_attempts.begin_batch(
             db_sessions, uuid.uuid4(), uuid_array([other.job_id])
         )
