@@ -18,16 +18,15 @@ import logging
 import uuid
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, cast
+from typing import Any
 
 import psycopg
 from psycopg.pq import TransactionStatus
-from sqlalchemy.ext.asyncio import AsyncSession
 
 from mailroom.recognition import attempts, inbox_sql
 from mailroom.recognition.inbox_attempts import BEGIN_BATCH, END_BATCH
 from mailroom.recognition.inbox_rules import Job
-from mailroom.recognition.revive import reopen_mails
+from mailroom.recognition.revive import REOPEN_MAILS
 from mailroom.recognition.sql_params import int_array, uuid_array
 
 logger = logging.getLogger("mailroom.recognition.inbox")
@@ -36,6 +35,7 @@ Connection = psycopg.AsyncConnection[Any]
 
 _BEGIN_BATCH = inbox_sql.psycopg_sql(BEGIN_BATCH)
 _END_BATCH = inbox_sql.psycopg_sql(END_BATCH)
+_REOPEN_MAILS = inbox_sql.psycopg_sql(REOPEN_MAILS)
 #: How long a batch waits for another live batch holding one of its jobs.
 _HOLD_TIMEOUT = f"{int(attempts.ALONE_WAIT_S * 1000)}ms"
 
@@ -86,21 +86,18 @@ async def write_back(
     params = _write_back_params(changed, now, attempt_id) if changed else None
     objects = _objects(changed)
     revived = [job for job in changed if job.revived]
-    if revived:  # rare: the write-back and the mails' reopening on their own, then the commit
-        if objects is not None:
-            await pg.execute(inbox_sql.REGISTER, {"rows": objects})
-        await pg.execute(inbox_sql.WRITE_BACK, params)
-        await reopen_mails(
-            cast(AsyncSession, _OnConnection(pg)),
-            [job.id for job in revived],
-            [job.row["file_id"] for job in revived],
-        )
     async with pg.pipeline():
-        if params is not None and not revived:
+        if params is not None:
             if objects is not None:
                 await pg.execute(inbox_sql.REGISTER, {"rows": objects}, prepare=True)
             await pg.execute(inbox_sql.WRITE_BACK, params, prepare=True)
-        elif params is None and attempt_id is not None:
+            if revived:  # rare: their files moved on from a NO_ACK error, their mails reopen
+                reopen = {
+                    "job_ids": [job.id for job in revived],
+                    "file_ids": [job.row["file_id"] for job in revived],
+                }
+                await pg.execute(_REOPEN_MAILS, reopen)
+        elif attempt_id is not None:
             await pg.execute(_END_BATCH, {"id": attempt_id}, prepare=True)
         await pg.execute("COMMIT")
         if release:
@@ -168,14 +165,3 @@ async def release(pg: Connection) -> None:
     except Exception:
         logger.warning("Could not release an inbox batch's jobs; closing its connection")
         await pg.close()
-
-
-class _OnConnection:
-    """``session.execute`` for ``revive.reopen_mails``, run on the batch's connection."""
-
-    def __init__(self, pg: Connection) -> None:
-        self.pg = pg
-
-    async def execute(self, statement: Any, params: dict[str, Any]) -> list[Any]:
-        cursor = await self.pg.execute(inbox_sql.psycopg_sql(statement), params)
-        return await cursor.fetchall()

@@ -15,13 +15,10 @@ service's own deadline passed, and a result or error is already an answer.
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncSession
 
 #: The job status and error code of a dead letter for a missing ack (written by the outbox).
 DLQ_STATUS = "dlq"
@@ -61,7 +58,8 @@ def revive(row: dict[str, Any], now: datetime) -> None:
 # A revived job's file has moved on from the NO_ACK ERROR (the write-back matched it on its
 # current job); its mail, final because of that ERROR, waits again for the file to settle.
 # Clearing notified_at lets the next finalization notify under its own final state.
-_REOPEN_MAILS = text(
+#: Run by the inbox's write-back in the same transaction (``inbox_write``).
+REOPEN_MAILS = text(
     """
     UPDATE inbound_mail AS m
        SET status = 'stored', finalized_at = NULL, notified_at = NULL
@@ -70,18 +68,5 @@ _REOPEN_MAILS = text(
        AND f.current_recognition_job_id = ANY(CAST(:job_ids AS uuid[]))
        AND m.id = f.mail_id
        AND m.status = 'final'
-    RETURNING m.id
     """
 )
-
-
-async def reopen_mails(
-    session: AsyncSession, job_ids: Sequence[uuid.UUID], file_ids: Sequence[int]
-) -> list[int]:
-    """Reopen the final mails of the files whose current job is one of ``job_ids``; their ids."""
-    if not job_ids:
-        return []
-    result = await session.execute(
-        _REOPEN_MAILS, {"job_ids": list(job_ids), "file_ids": list(file_ids)}
-    )
-    return sorted(mail_id for (mail_id,) in result)
