@@ -101,12 +101,6 @@ async def add_to_stream(
     )
 
 
-async def mark_enqueued(session: AsyncSession, message_ids: Sequence[int]) -> None:
-    """Record when the messages were put on the stream (in the caller's transaction)."""
-    if message_ids:
-        await session.execute(_MARK_ENQUEUED, {"ids": list(message_ids)})
-
-
 async def enqueue_messages(
     message_ids: Sequence[int],
     *,
