@@ -42,6 +42,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
 import durability  # noqa: E402
+from stages import ProcessCpu  # noqa: E402
 
 from mailroom.devtools.sinks import new_secret  # noqa: E402
 from mailroom.devtools.stack import EmbeddedPostgres, EmbeddedRedis, free_port  # noqa: E402
@@ -62,6 +63,16 @@ def phases(**seconds: float) -> None:
     print(
         "    " + ", ".join(f"{name} {value:.1f} s" for name, value in seconds.items()), flush=True
     )
+
+
+def cpu_line(side: str, used: dict[str, float], messages: int) -> None:
+    """CPU per message of each process (µs), largest first, and their sum."""
+    parts = [
+        f"{label} {seconds * 1e6 / messages:.0f}"
+        for label, seconds in sorted(used.items(), key=lambda kv: -kv[1])
+    ]
+    total = sum(used.values()) * 1e6 / messages
+    print(f"    {side} CPU per message (µs): {', '.join(parts)}; all {total:.0f}", flush=True)
 
 
 def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = STUCK_AFTER_S) -> float:
@@ -226,7 +237,10 @@ class Bench:
     # -- measurements --------------------------------------------------------------------------
     def measure_http(self, processes: int, threads: int) -> tuple[float, float]:
         """Webhooks delivered to the sink per second, and raw POSTs of the same bodies to it
-        at the deliverer's concurrency (per process: lanes, at most its client's connections)."""
+        at the deliverer's concurrency (per process: lanes, at most its client's connections).
+
+        Prints the CPU per message of each process on both sides (the worker with the
+        processes it forks), counted over the measured stretch only."""
         from mailroom.settings import DeliverySettings
 
         self.reset()
@@ -243,12 +257,18 @@ class Bench:
                 self.deliver.send(probe)
             wait_for(lambda: self.delivered() == 1, "the warm-up delivery", 90)
             warm = time.perf_counter()
+            cpu = ProcessCpu(
+                {"worker": workers.pid, "bridge": bridge.pid, "sink": self.sink.pid}
+                | self.server_pids()
+            )
             self.fill_stream(ids)
             start = wait_for(lambda: self.still_open() < n, "the first delivery")
             end = wait_for(lambda: self.still_open() == 0, "all deliveries")
+            used = cpu.since_start()
             if self.delivered() != n + 1:
                 raise SystemExit(f"only {self.delivered() - 1} of {n} webhooks were delivered")
             phases(boot=warm - began, first=start - warm, delivery=end - start)
+            cpu_line("deliverer", used, n)
         finally:
             phases(stop=self.stop(bridge, workers))
         # Each worker process has at most the account's max_in_flight POSTs in flight, whatever
@@ -258,6 +278,7 @@ class Bench:
         lanes = threads * DeliverySettings().batch_concurrency
         in_flight = WebhookAccount(url=self.sink_url).max_in_flight
         concurrency = processes * min(lanes, in_flight)
+        sink_cpu = ProcessCpu({"sink": self.sink.pid})
         raw = subprocess.run(
             [
                 sys.executable,
@@ -272,7 +293,16 @@ class Bench:
             check=True,
             text=True,
         )
-        return n / (end - start), float(raw.stdout.strip())
+        rate, posts_cpu_s = (float(value) for value in raw.stdout.split())
+        cpu_line("raw POSTs", {"posts": posts_cpu_s} | sink_cpu.since_start(), n)
+        return n / (end - start), rate
+
+    def server_pids(self) -> dict[str, int]:
+        return {
+            label: server.process.pid
+            for label, server in (("postgres", self.postgres), ("redis", self.redis_server))
+            if server.process is not None
+        }
 
     def bare_ingest(self) -> float:
         from mailroom.settings import DeliverySettings

@@ -15,16 +15,25 @@ UNCERTAIN_ERROR = "delivery outcome unknown; verify with the recipient before re
 #: Claim many in one statement: count each attempt, mark it sending, return the status before.
 #: Rows not returned are missing, final, or not due yet. Row locks are taken in id order.
 #: Times are the database's (``mailroom/clock.py``); ``due_slack_s`` lets a retry come early.
+#: The rows are found by primary key and locked first (a materialized CTE, so no condition
+#: is pushed into it), then checked as locked (their latest version): the plan cannot follow
+#: the statistics. With the conditions on the update's side, a table whose statistics still
+#: counted few open rows (a burst of new messages, not analyzed yet) was planned from the
+#: open-message index, re-running the locking subquery once per open row (20-50 ms for a
+#: claim of 50 among 4,000 open; 0.5 ms by primary key).
 CLAIM = text(
     """
+    WITH prev AS MATERIALIZED (
+        SELECT id, status, next_retry_at FROM channel_message
+         WHERE id = ANY(CAST(:ids AS bigint[])) ORDER BY id FOR UPDATE)
     UPDATE channel_message AS m
        SET attempts = m.attempts + 1, status = 'sending', sending_since = now()
-      FROM (SELECT id, status FROM channel_message
-             WHERE id = ANY(CAST(:ids AS bigint[])) ORDER BY id FOR UPDATE) AS prev
-     WHERE m.id = prev.id
-       AND m.status IN ('pending', 'sending')
-       AND (m.next_retry_at IS NULL
-            OR m.next_retry_at <= now() + make_interval(secs => CAST(:due_slack_s AS float8)))
+      FROM prev
+     WHERE m.id = ANY(CAST(:ids AS bigint[]))
+       AND m.id = prev.id
+       AND prev.status IN ('pending', 'sending')
+       AND (prev.next_retry_at IS NULL
+            OR prev.next_retry_at <= now() + make_interval(secs => CAST(:due_slack_s AS float8)))
     RETURNING m.id, m.channel, m.account, m.recipient, m.subject, m.body, m.attempts,
               m.chunks, m.last_error, prev.status AS previous_status
     """

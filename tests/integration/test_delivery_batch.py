@@ -232,3 +232,35 @@ async def test_sent_messages_settle_in_postgres_when_redis_fails_after_the_send(
     again = await deliverer.deliver_many(ids)
     assert set(again.outcomes.values()) == {Outcome.SETTLED}
     assert sorted(e.message_id for e in outbound.sent) == ids  # each sent once
+
+
+async def test_a_claim_finds_its_rows_by_primary_key_among_many_open_messages(delivery_sessions):
+    from sqlalchemy import text
+
+    from mailroom.db import autocommit
+    from mailroom.delivery.statements import CLAIM
+
+    async with autocommit(delivery_sessions) as connection:
+        # A burst of new messages the statistics have not seen (no ANALYZE since).
+        ids = (
+            (
+                await connection.execute(
+                    text(
+                        "INSERT INTO channel_message (channel, account, recipient, body, status) "
+                        "SELECT 'log', 'default', 'ops', 'hello', 'pending' "
+                        "FROM generate_series(1, 3000) RETURNING id"
+                    )
+                )
+            )
+            .scalars()
+            .all()
+        )
+        plan = (
+            await connection.execute(
+                text("EXPLAIN (FORMAT JSON) " + CLAIM.text),
+                {"ids": ids[100:150], "due_slack_s": 1.0},
+            )
+        ).scalar_one()
+    # From the open-message index, the locking subquery ran once per open message.
+    assert "ix_channel_message_open" not in str(plan)
+    assert "pk_channel_message" in str(plan)
