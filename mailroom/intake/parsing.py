@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
 from mailroom.adapters.storage import sha256_hex
+from mailroom.intake import boundaries
 from mailroom.intake.big_parts import ElidedMail, elide_big_bodies, read_part
 from mailroom.intake.containers import open_container
 from mailroom.intake.filetypes import (
@@ -48,6 +49,9 @@ __all__ = [
     "parse_oversize",
     "safe_name",
 ]
+
+# Each mail's MIME boundary cost the stdlib parser a regular expression compile.
+boundaries.install()
 
 #: Longest stored file name, in characters (``stored_file.original_name`` is 255).
 MAX_NAME_CHARS = 200
@@ -385,6 +389,8 @@ def _is_attachment(part: Message, maintype: str, filename: str | None) -> bool:
 
 
 def _filename(part: Message) -> str | None:
+    if not _may_be_named(part):
+        return None
     try:
         name = part.get_filename() or part.get_param("name")
         if isinstance(name, tuple):  # RFC 2231 value of a ``name`` parameter
@@ -393,6 +399,20 @@ def _filename(part: Message) -> str | None:
         return decode_words(str(name)) if name else None
     except Exception:  # malformed parameters or encoded words
         return None
+
+
+def _may_be_named(part: Message) -> bool:
+    """Whether a ``filename`` or ``name`` parameter can be there at all.
+
+    A mail's text and HTML bodies have none, and ``get_filename`` parses both headers'
+    parameters to find that out (about a tenth of a small mail's parse). Parameter names are
+    matched case-blind on the headers' text, as the parser reads them.
+    """
+    for header in ("content-disposition", "content-type"):
+        value = part.get(header)
+        if value is not None and "name" in str(value).lower():
+            return True
+    return False
 
 
 def _payload(part: Message) -> bytes:
