@@ -283,7 +283,8 @@ class RecognitionJob(Base):
     )
 
     id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True, default=uuid.uuid4)
-    file_id: Mapped[int] = mapped_column(ForeignKey("stored_file.id"), index=True)
+    # No index of its own: the unique key file_attempt (file_id, attempt) leads with it.
+    file_id: Mapped[int] = mapped_column(ForeignKey("stored_file.id"))
     pipeline: Mapped[str] = mapped_column(String(20))
     status: Mapped[str] = mapped_column(String(20), server_default="queued")
     attempt: Mapped[int] = mapped_column(Integer, server_default="1")
