@@ -33,7 +33,6 @@ from collections import Counter
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
 
 from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -41,12 +40,14 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from mailroom.adapters.nats import OutgoingMessage, PublishAck, RequestPublisher
 from mailroom.models import PIPELINES
 from mailroom.recognition import outbox_sql
-from mailroom.recognition.contracts import RecognitionRequest, dump, request_msg_id
+from mailroom.recognition.contracts import request_msg_id
 from mailroom.recognition.finality import (
     MAX_REASON_CHARS,
     fail_current_files,
     finalize_mails,
 )
+from mailroom.recognition.outbox_requests import RequestWriter
+from mailroom.recognition.outbox_sql import ClaimedJob
 from mailroom.recognition.revive import DLQ_STATUS, NO_ACK
 from mailroom.recognition.sql_params import text_array, uuid_array
 from mailroom.settings import NatsSettings, RecognitionSettings
@@ -90,20 +91,6 @@ def request_subject(nats: NatsSettings, pipeline: str) -> str:
     return nats.subject(name)
 
 
-def build_request(row: Any, deadline: datetime) -> RecognitionRequest:
-    """The contract request for a claimed job row (with its file and object columns)."""
-    return RecognitionRequest(
-        job_id=row.id,
-        file_id=row.file_id,
-        pipeline=row.pipeline,
-        file_type=row.file_type,
-        original_name=row.original_name,
-        s3={"bucket": row.bucket, "key": row.key},
-        reply_deadline=deadline,
-        attempt=row.attempt,
-    )
-
-
 def _describe(exc: ValidationError) -> str:
     parts = [f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5]]
     return ("invalid request: " + "; ".join(parts))[:MAX_REASON_CHARS]
@@ -131,17 +118,19 @@ async def publish_recognition_requests(
         outcome.skipped = True
         return outcome
     async with sessions() as session, session.begin():
-        rows, free = await _claim(session, recognition, now=now, limit=limit, held=held)
-        outcome.claimed = len(rows)
-        outcome.window_full = _full_windows(rows, free)
+        jobs, free, db_now = await _claim(session, recognition, now=now, limit=limit, held=held)
+        outcome.claimed = len(jobs)
+        outcome.window_full = _full_windows(jobs, free)
         probes: set[uuid.UUID] = set()
         for pipeline in sorted(held):
-            for row in (await session.execute(outbox_sql.PROBE, {"pipeline": pipeline})).all():
-                rows.append(row)
-                probes.add(row.id)
-        if rows:
-            now = now or rows[0].db_now
-            await _publish(session, publisher, rows, probes, outcome, nats, recognition, now)
+            probed = await session.execute(outbox_sql.PROBE, {"pipeline": pipeline})
+            for job in outbox_sql.claimed_jobs(*outbox_sql.read_rows(probed)):
+                jobs.append(job)
+                probes.add(job.id)
+        if jobs:
+            await _publish(
+                session, publisher, jobs, probes, outcome, nats, recognition, now or db_now
+            )
 
     _log(outcome)
     return outcome
@@ -154,8 +143,9 @@ async def _claim(
     now: datetime | None,
     limit: int,
     held: Collection[str],
-) -> tuple[list[Any], dict[str, int]]:
-    """The claimed job rows, oldest first, and the free places of each pipeline's window."""
+) -> tuple[list[ClaimedJob], dict[str, int], datetime]:
+    """The claimed jobs, oldest first, the free places of each pipeline's window, and the
+    database's time."""
     params = {
         "now": now,
         "ack_timeout_s": recognition.ack_timeout_s,
@@ -164,21 +154,23 @@ async def _claim(
         "window": recognition.max_unacked_per_pipeline,
         "pipelines": list(PIPELINES),
     }
-    result = (await session.execute(outbox_sql.CLAIM, params)).all()
-    free = {row.window_pipeline: row.free for row in result}
-    return [row for row in result if row.id is not None], free
+    columns, rows = outbox_sql.read_rows(await session.execute(outbox_sql.CLAIM, params))
+    # Every pipeline brings a row, with a job or not: its window's free places.
+    at_pipeline, at_free = columns["window_pipeline"], columns["free"]
+    free = {row[at_pipeline]: row[at_free] for row in rows}
+    return outbox_sql.claimed_jobs(columns, rows), free, rows[0][columns["db_now"]]
 
 
-def _full_windows(rows: list[Any], free: dict[str, int]) -> list[str]:
+def _full_windows(jobs: list[ClaimedJob], free: dict[str, int]) -> list[str]:
     """Pipelines whose queued claim the window cut short (or that had no place at all)."""
-    first = Counter(row.pipeline for row in rows if row.status == "queued")
+    first = Counter(job.pipeline for job in jobs if job.status == "queued")
     return sorted(pipeline for pipeline, places in free.items() if first[pipeline] >= places)
 
 
 async def _publish(
     session: AsyncSession,
     publisher: RequestPublisher,
-    rows: list[Any],
+    rows: list[ClaimedJob],
     probes: set[uuid.UUID],
     outcome: OutboxPass,
     nats: NatsSettings,
@@ -187,15 +179,16 @@ async def _publish(
 ) -> None:
     """Build, publish and record the claimed rows, in the pass's transaction."""
     first_deadline = now + timedelta(seconds=recognition.reply_deadline_s)
+    writer = RequestWriter()
     subjects: dict[str, str] = {}
     messages: list[OutgoingMessage] = []
-    sending: list[tuple[Any, bool, str]] = []  # (row, is_republish, subject)
+    sending: list[tuple[ClaimedJob, bool, str]] = []  # (row, is_republish, job id as text)
     invalid_messages: list[str] = []
     for row in rows:
         republish = row.status == "published"
         # NOTE: a probe is never dead-lettered (the gate holds it until a service answers)
         # and promises the deadline that the reopening gate gives every held job.
-        probe = row.id in probes
+        probe = bool(probes) and row.id in probes  # a UUID hashes in Python: only when held
         if republish and not probe and row.republish_count >= recognition.max_republish:
             outcome.dead_lettered.append(row.id)
             continue
@@ -203,43 +196,48 @@ async def _publish(
         subject = (republish and row.request_subject) or subjects.get(row.pipeline)
         if not subject:
             subject = subjects[row.pipeline] = request_subject(nats, row.pipeline)
+        key = str(row.id)  # once: the body, the msg id and the id array all carry it
         try:
-            request = build_request(row, deadline)
+            body = writer.body(row, key, deadline)
         except ValidationError as exc:
             outcome.invalid.append(row.id)
             invalid_messages.append(_describe(exc))
             continue
-        msg_id = request_msg_id(row.id, row.attempt)
-        messages.append(OutgoingMessage(subject=subject, data=dump(request), msg_id=msg_id))
-        sending.append((row, republish, subject))
+        messages.append(OutgoingMessage(subject, body, request_msg_id(key, row.attempt)))
+        sending.append((row, republish, key))
 
     results = await publisher.publish_batch(messages) if messages else []
 
-    first: list[tuple[uuid.UUID, str, str]] = []
-    for (row, republish, subject), message, result in zip(sending, messages, results, strict=True):
+    first_keys: list[str] = []
+    first_msg_ids: list[str] = []
+    first_subjects: list[str] = []
+    for (row, republish, key), message, result in zip(sending, messages, results, strict=True):
         if not isinstance(result, PublishAck):
             # NOTE: this job is left as it was; the pass ends after this batch.
             outcome.failed.append(row.id)
             outcome.error = outcome.error or f"{type(result).__name__}: {result}"
             continue
         outcome.duplicates += result.duplicate
-        if row.id in probes:
+        if probes and row.id in probes:
             outcome.probed.append(row.id)
         elif republish:
             outcome.republished.append(row.id)
         else:
             outcome.published.append(row.id)
-            first.append((row.id, message.msg_id, subject))
+            first_keys.append(key)
+            first_msg_ids.append(message.msg_id)
+            first_subjects.append(message.subject)
 
-    if first:
+    if first_keys:
         await session.execute(
             outbox_sql.MARK_PUBLISHED,
             {
                 "now": now,
                 "deadline": first_deadline,
-                "ids": uuid_array(job_id for job_id, _, _ in first),
-                "msg_ids": text_array(msg_id for _, msg_id, _ in first),
-                "subjects": text_array(subject for _, _, subject in first),
+                # uuid_array's literal, from the ids already written as text
+                "ids": "{" + ",".join(first_keys) + "}",
+                "msg_ids": text_array(first_msg_ids),
+                "subjects": text_array(first_subjects),
             },
         )
     if outcome.republished:

@@ -6,7 +6,13 @@ Beside ``outbox.py``, which builds, publishes and records the requests
 
 from __future__ import annotations
 
-from sqlalchemy import text
+import operator
+import uuid
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any, NamedTuple
+
+from sqlalchemy import Result, text
 
 from mailroom.recognition.finality import object_metrics_sql, republish_count_sql
 
@@ -123,3 +129,37 @@ MARK_FAILED = text(
      WHERE j.id = v.id
     """
 )
+
+
+class ClaimedJob(NamedTuple):
+    """A job row that CLAIM or PROBE returned, with its file and object columns."""
+
+    id: uuid.UUID
+    file_id: int
+    pipeline: str
+    status: str
+    attempt: int
+    reply_deadline: datetime | None
+    request_subject: str | None
+    republish_count: int
+    original_name: str | None
+    file_type: str | None
+    bucket: str | None
+    key: str | None
+
+
+def read_rows(result: Result[Any]) -> tuple[dict[str, int], list[tuple[Any, ...]]]:
+    """The result's column positions by name, and its rows as plain tuples.
+
+    A pass reads a dozen columns of each of hundreds of rows, and a SQLAlchemy ``Row``
+    looks an attribute up by name for about as long as building the request takes
+    (1.5 us against 0.03 us for a tuple's field): the outbox reads columns by position.
+    """
+    return {name: at for at, name in enumerate(result.keys())}, [tuple(row) for row in result]
+
+
+def claimed_jobs(columns: dict[str, int], rows: Iterable[tuple[Any, ...]]) -> list[ClaimedJob]:
+    """The rows (of ``read_rows``) that carry a job."""
+    take = operator.itemgetter(*(columns[name] for name in ClaimedJob._fields))
+    at_id = columns["id"]
+    return [ClaimedJob._make(take(row)) for row in rows if row[at_id] is not None]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from nats.aio.client import Client as NatsConnection
 from nats.js import JetStreamContext
@@ -20,8 +20,9 @@ from mailroom.errors import NatsPublishFailed, PermanentError, RetryableError
 from mailroom.recognition.contracts import MSG_ID_HEADER
 
 
-@dataclass(frozen=True)
-class OutgoingMessage:
+# NOTE: named tuples, not frozen dataclasses: an outbox pass makes two per request, and a
+# frozen dataclass sets each field through object.__setattr__ (about four times the cost).
+class OutgoingMessage(NamedTuple):
     """One message to publish, with its stable dedupe key."""
 
     subject: str
@@ -29,8 +30,7 @@ class OutgoingMessage:
     msg_id: str
 
 
-@dataclass(frozen=True)
-class PublishAck:
+class PublishAck(NamedTuple):
     """Proof that a message left: core NATS flush, or a JetStream ack."""
 
     msg_id: str
@@ -59,17 +59,21 @@ async def publish_core(
     nc: NatsConnection, messages: Sequence[OutgoingMessage], *, timeout_s: float
 ) -> list[PublishResult]:
     """Publish on core NATS, then one flush confirms the whole batch."""
-    results: list[PublishResult] = []
-    for index, message in enumerate(messages):
-        try:
-            with translate_errors(f"publish {message.msg_id}"):
+    sent = 0
+    try:
+        # One translating block for the batch, not one per message: its cost was a tenth of
+        # the publish; the error still names the message it stopped at.
+        with translate_errors(lambda: f"publish {messages[sent].msg_id}"):
+            for message in messages:
                 await nc.publish(
                     message.subject, message.data, headers={MSG_ID_HEADER: message.msg_id}
                 )
-        except (RetryableError, PermanentError) as exc:
-            # Later messages were never handed over: they share this error.
-            return results + [exc] * (len(messages) - index)
-        results.append(PublishAck(msg_id=message.msg_id))
+                sent += 1
+    except (RetryableError, PermanentError) as exc:
+        # Later messages were never handed over: they share this error.
+        acked: list[PublishResult] = [PublishAck(m.msg_id) for m in messages[:sent]]
+        return acked + [exc] * (len(messages) - sent)
+    results: list[PublishResult] = [PublishAck(message.msg_id) for message in messages]
     try:
         with translate_errors("flush"):
             # A PONG proves the server read everything written before the PING.

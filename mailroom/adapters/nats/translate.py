@@ -7,7 +7,7 @@ Each vendor error leaves as a ``mailroom.errors`` type with the cause kept
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import nats.errors
 import nats.js.errors
@@ -16,12 +16,13 @@ from mailroom.errors import NatsConfigError, NatsPublishFailed, NatsUnavailable
 
 
 @contextlib.contextmanager
-def translate_errors(what: str) -> Iterator[None]:
-    """Turn nats-py errors raised inside the block into ours; ``what`` starts the message."""
+def translate_errors(what: str | Callable[[], str]) -> Iterator[None]:
+    """Turn nats-py errors raised inside the block into ours; ``what`` starts the message
+    (or returns it, when the block learns what it was doing as it goes)."""
     try:
         yield
     except TimeoutError as exc:  # before OSError: TimeoutError is one of its children
-        raise NatsPublishFailed(f"{what}: timed out") from exc
+        raise NatsPublishFailed(f"{_text(what)}: timed out") from exc
     except (
         nats.errors.ConnectionClosedError,
         nats.errors.NoServersError,
@@ -30,8 +31,12 @@ def translate_errors(what: str) -> Iterator[None]:
         nats.errors.ConnectionDrainingError,
         OSError,
     ) as exc:
-        raise NatsUnavailable(f"{what}: {type(exc).__name__}: {exc}") from exc
+        raise NatsUnavailable(f"{_text(what)}: {type(exc).__name__}: {exc}") from exc
     except nats.js.errors.BadRequestError as exc:
-        raise NatsConfigError(f"{what}: {exc}") from exc
+        raise NatsConfigError(f"{_text(what)}: {exc}") from exc
     except nats.errors.Error as exc:
-        raise NatsPublishFailed(f"{what}: {type(exc).__name__}: {exc}") from exc
+        raise NatsPublishFailed(f"{_text(what)}: {type(exc).__name__}: {exc}") from exc
+
+
+def _text(what: str | Callable[[], str]) -> str:
+    return what if isinstance(what, str) else what()
