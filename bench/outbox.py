@@ -85,7 +85,12 @@ def wait_for(
 
 
 def insert_jobs(dsn: str, count: int) -> None:
-    """One mail, one shared stored object, ``count`` files each with a queued job (set-based)."""
+    """One mail, ``count`` files each with its stored object and a queued job (set-based).
+
+    Each file has its own object, as intake stores them: the object table is as large as
+    the file table when analyzed, so the planner looks objects up by index (the inbox's
+    foreign-key check on a result object seq-scanned a one-row table growing under it).
+    """
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("INSERT INTO mailbox_cursor (mailbox, folder) VALUES ('bench', 'INBOX')")
         conn.execute(
@@ -93,17 +98,19 @@ def insert_jobs(dsn: str, count: int) -> None:
             "SELECT id, 1, 1, 'stored' FROM mailbox_cursor"
         )
         conn.execute(
-            "INSERT INTO stored_object (bucket_role, bucket, key, created_by) "
-            "VALUES ('incoming', 'mailroom-incoming', 'bench/file.csv', 'bench')"
+            """
+            INSERT INTO stored_object (bucket_role, bucket, key, created_by)
+            SELECT 'incoming', 'mailroom-incoming', 'bench/file-' || n || '.csv', 'bench'
+              FROM generate_series(1, %s) AS n
+            """,
+            (count,),
         )
         conn.execute(
             """
             INSERT INTO stored_file (mail_id, object_id, original_name, file_type, status)
-            SELECT (SELECT id FROM inbound_mail), (SELECT id FROM stored_object),
-                   'file-' || n || '.csv', 'csv', 'UPLOADED'
-              FROM generate_series(1, %s) AS n
-            """,
-            (count,),
+            SELECT (SELECT id FROM inbound_mail), o.id, 'file-' || o.id || '.csv', 'csv', 'UPLOADED'
+              FROM stored_object AS o
+            """
         )
         conn.execute(
             """
