@@ -20,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from mailroom.db import psycopg_autocommit
 from mailroom.errors import LeaseLost
+from mailroom.intake.cursor_sql import ASYNC_COMMIT
 
 logger = logging.getLogger(__name__)
 
@@ -70,22 +71,15 @@ async def lease_write(
 ) -> tuple[Any, ...] | None:
     """One statement of the lease's bookkeeping as its own transaction, in one round trip.
 
-    What ``lease_transaction`` does in four (``BEGIN``, ``SET LOCAL``, the statement,
-    ``COMMIT``, each waited for through the ORM session) goes to Postgres in one
-    pipeline on the psycopg connection, the statement prepared once per connection: the
-    count and the finish of every poll cost the intake worker more CPU that way than
-    parsing the poll's mails did. The first row the statement returns, if any.
+    The statement runs alone on the psycopg connection in autocommit, prepared once per
+    connection, and commits asynchronously by itself (``cursor_sql.ASYNC_COMMIT``): through
+    an ORM session it took four round trips, then a pipeline of four statements, and the
+    count and the finish of every poll cost the intake worker more CPU than parsing the
+    poll's mails did. The first row the statement returns, if any.
     """
+    if ASYNC_COMMIT not in sql:
+        raise ValueError("a lease write commits asynchronously: its statement sets ASYNC_COMMIT")
     async with psycopg_autocommit(sessions, clean=(psycopg.Error,)) as pg:
-        try:
-            async with pg.pipeline():
-                await pg.execute("BEGIN")
-                await pg.execute("SET LOCAL synchronous_commit = off")
-                written = await pg.cursor().execute(sql, params, prepare=True)
-                await pg.execute("COMMIT")
-            row: tuple[Any, ...] | None = await written.fetchone()
-        except psycopg.Error:
-            if not pg.closed:
-                await pg.rollback()  # the failed transaction block, if it is still open
-            raise
+        written = await pg.execute(sql, params, prepare=True)
+        row: tuple[Any, ...] | None = await written.fetchone()
     return row

@@ -14,7 +14,9 @@ from sqlalchemy import update
 import actors.intake
 import actors.resources
 from actors.intake import poll_mailboxes
+from mailroom.db import psycopg_autocommit
 from mailroom.intake import cursor as cursors
+from mailroom.intake.cursor_sql import ASYNC_COMMIT, CLAIM_CURSOR, COUNT_ATTEMPT, FINISH_BATCH
 from mailroom.intake.pending import mark_polls_queued
 from mailroom.models import MailboxCursor
 from mailroom.settings import (
@@ -149,14 +151,14 @@ async def test_the_lease_bookkeeping_commits_without_a_flush_and_leaves_the_pool
     def record(conn, cursor, statement, *args) -> None:
         sent.append(statement)
 
-    # The claim, the count and the finish go to psycopg directly, in one pipeline each.
+    # The claim, the count and the finish go to psycopg directly, one statement each.
     direct = psycopg.AsyncConnection.execute
 
     async def execute(self, query, *args, **kwargs):
         sent.append(query)
         return await direct(self, query, *args, **kwargs)
 
-    # The folder's first claim creates its cursor (two more pipelines); the next ones do not.
+    # The folder's first claim creates its cursor (two more statements); the next ones do not.
     first = await cursors.claim_cursor(
         intake_env.sessions, mailbox="box", folder=intake_env.folder, lease_s=30
     )
@@ -175,7 +177,17 @@ async def test_the_lease_bookkeeping_commits_without_a_flush_and_leaves_the_pool
         await cursors.finish_batch(intake_env.sessions, claim, highest_uid=0)
     finally:
         event.remove(engine, "before_cursor_execute", record)
-    assert sent.count("SET LOCAL synchronous_commit = off") == 3, "claim, count and finish"
+    assert sent == [CLAIM_CURSOR, COUNT_ATTEMPT, FINISH_BATCH], "one statement each, nothing else"
+    assert all(ASYNC_COMMIT in statement for statement in sent)
+    # The statement's own transaction commits asynchronously, and only it.
+    async with psycopg_autocommit(intake_env.sessions) as pg:
+        setting = await pg.execute(
+            f"UPDATE mailbox_cursor SET updated_at = now() WHERE {ASYNC_COMMIT}"
+            " RETURNING current_setting('synchronous_commit')"
+        )
+        assert await setting.fetchone() == ("off",)
+        after = await pg.execute("SHOW synchronous_commit")
+        assert await after.fetchone() == (server_default,)
     assert (await intake_env.cursor()).attempt_count == 0, "the finish cleared the count"
     # SET LOCAL ends with its transaction: the next user of a pooled connection is as before.
     for _ in range(3):
