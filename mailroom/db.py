@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import (
 )
 from sqlalchemy.pool import PoolResetState
 
+from mailroom.db_dsn import keepalive_args, server_keepalive_options, tls_params
 from mailroom.settings import DatabaseSettings
 
 
@@ -60,31 +61,6 @@ def _rollback_unless_idle(dbapi_connection: Any, record: Any, state: PoolResetSt
         dbapi_connection.rollback()
 
 
-def keepalive_args(settings: DatabaseSettings) -> dict[str, Any]:
-    """libpq parameters that make our side notice a dead network in about 25 s.
-
-    Keepalives cover an idle connection; ``tcp_user_timeout`` covers one waiting on
-    unacknowledged data (a query sent into a black hole), which keepalives never probe.
-    """
-    return {
-        "keepalives": 1,
-        "keepalives_idle": settings.keepalive_idle_s,
-        "keepalives_interval": settings.keepalive_interval_s,
-        "keepalives_count": settings.keepalive_count,
-        "tcp_user_timeout": settings.tcp_user_timeout_ms,
-    }
-
-
-def server_keepalive_options(settings: DatabaseSettings) -> str:
-    """The same bounds for Postgres's side, so it ends (and unlocks) a vanished session."""
-    return (
-        f"-c tcp_keepalives_idle={settings.keepalive_idle_s}"
-        f" -c tcp_keepalives_interval={settings.keepalive_interval_s}"
-        f" -c tcp_keepalives_count={settings.keepalive_count}"
-        f" -c tcp_user_timeout={settings.tcp_user_timeout_ms}"
-    )
-
-
 def database_url(settings: DatabaseSettings) -> str:
     """``settings.url`` with the password and the TLS settings (``sslmode``, certificates).
 
@@ -94,14 +70,7 @@ def database_url(settings: DatabaseSettings) -> str:
     """
     from sqlalchemy.engine import make_url
 
-    tls = settings.tls
-    params = {
-        "sslmode": settings.sslmode or None,
-        "sslrootcert": tls.ca_file,
-        "sslcert": tls.cert_file,
-        "sslkey": tls.key_file,
-    }
-    given = {name: str(value) for name, value in params.items() if value}
+    given = tls_params(settings)
     password = settings.password.get_secret_value()
     if not given and not password:
         return settings.url

@@ -15,7 +15,7 @@ import logging
 
 import psycopg
 
-from mailroom.db import keepalive_args, server_keepalive_options
+from mailroom.db_dsn import keepalive_args, server_keepalive_options
 from mailroom.identity import host_pid
 from mailroom.settings import DatabaseSettings
 

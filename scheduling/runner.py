@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
-from mailroom.db import database_url, libpq_dsn
+from mailroom.db_dsn import psycopg_dsn
 from mailroom.observability import active_sentry
 from mailroom.settings import Settings
 from mailroom.stop_signals import handle_stop_signals
@@ -79,7 +79,7 @@ class SchedulerService:
     def __init__(self, settings: Settings, *, election: LeaderElection | None = None) -> None:
         self.settings = settings
         self.election = election or LeaderElection(
-            libpq_dsn(database_url(settings.database)),
+            psycopg_dsn(settings.database),
             settings.scheduler.leader_lock_key,
             database=settings.database,
         )
@@ -121,7 +121,7 @@ def register_work_state(settings: Settings, service: SchedulerService) -> WorkSt
 
     from mailroom.metrics_gauges import WorkStateCollector
 
-    dsn = libpq_dsn(database_url(settings.database))
+    dsn = psycopg_dsn(settings.database)
     collector = WorkStateCollector(dsn, active=service.is_leader.is_set)
     REGISTRY.register(collector)
     return collector

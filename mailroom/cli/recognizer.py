@@ -8,14 +8,17 @@ any failure. It reads no database, only NATS and the object store.
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from mailroom.cli import errors
 from mailroom.errors import NatsUnavailable
 from mailroom.recognition.conformance import CheckRow, CheckTimeouts
+
+if TYPE_CHECKING:
+    # rich only for ``check``'s table: the recognizer process never draws one.
+    from rich.table import Table
 
 app = typer.Typer(
     invoke_without_command=True,
@@ -28,7 +31,10 @@ def recognizer(ctx: typer.Context) -> None:
     """Run the reference recognition service (dev, demo, tests); `check` tests a live one."""
     if ctx.invoked_subcommand is not None:
         return
+    from mailroom.adapters.nats.websocket import import_nats
     from mailroom.cli import start_service
+
+    import_nats()  # before the recognizer imports nats-py: aiohttp only if a websocket link needs it
     from mailroom.recognition.pairing import real_mailbox_refusal
     from mailroom.recognition.reference import run
 
@@ -84,6 +90,8 @@ def check(
         close = getattr(store, "close", None)
         if close is not None:
             close()
+    from rich.console import Console
+
     Console().print(render_rows(rows))
     failed = sum(not row.passed for row in rows)
     if failed:
@@ -92,6 +100,8 @@ def check(
 
 
 def render_rows(rows: list[CheckRow]) -> Table:
+    from rich.table import Table
+
     table = Table(title="Recognition service conformance")
     table.add_column("check")
     table.add_column("result")

@@ -61,13 +61,15 @@ def test_the_settings_load_without_the_database_libraries():
     assert loaded & {"sqlalchemy", "psycopg", "redis", "nats"} == set()
 
 
-def test_mailroom_worker_reads_its_settings_and_execs_dramatiq_without_the_operator_commands():
-    # What ``python -m mailroom worker`` loads up to the exec: Dramatiq's main loads what it needs.
+def test_mailroom_worker_runs_dramatiq_in_its_own_process_without_the_operator_commands():
+    # What ``python -m mailroom worker`` loads up to Dramatiq's main, which it calls in the same
+    # process (no exec: a fresh interpreter imported pydantic and the settings again).
     loaded = _loaded(
-        "import os, sys\n"
-        "def execv(path, args):\n"
-        "    sys.exit(0 if args[1:3] == ['-m', 'mailroom.dramatiq_main'] else 3)\n"
-        "os.execv = execv\n"
+        "import sys\n"
+        "import mailroom.dramatiq_main as entry\n"
+        "def main(argv, settings):\n"
+        "    return 0 if argv[:1] == ['actors'] and '--queues' in argv else 3\n"
+        "entry.main = main\n"
         "sys.argv = ['mailroom', 'worker', '-Q', 'intake']\n"
         "from mailroom.cli import app\n"
         "try:\n"
@@ -76,7 +78,7 @@ def test_mailroom_worker_reads_its_settings_and_execs_dramatiq_without_the_opera
         "    assert exc.code == 0, exc.code"
     )
     assert "typer" in loaded
-    assert loaded & _OPERATOR_LIBRARIES == set()
+    assert loaded & _OPERATOR_LIBRARIES == {"dramatiq"}  # mailroom.dramatiq_main's own import
 
 
 def test_an_operator_command_is_still_found_and_run():
@@ -96,13 +98,38 @@ def test_an_operator_command_is_still_found_and_run():
 def test_worker_processes_without_a_sentry_dsn_or_oauth_never_import_sentry_or_httpx():
     # ``import actors`` is what each Dramatiq worker process runs; the stub broker keeps it
     # from reaching a Redis server. Delivery's webhook channel imports aiohttp when it sends,
-    # but nats-py imports it anyway where it is installed (its websocket transport).
+    # and nats-py's websocket transport when a ``ws://`` link uses it (adapters/nats/websocket).
     loaded = _loaded(
         "import os; os.environ['MAILROOM_BROKER__KIND'] = 'stub'\n"
         "import actors, scheduling.runner, bridges.nats, bridges.stream"
     )
-    assert {"dramatiq", "sqlalchemy"} <= loaded
-    assert loaded & {"sentry_sdk", "httpx", "click", "rich", "typer", "boto3", "botocore"} == set()
+    assert {"dramatiq", "sqlalchemy", "nats"} <= loaded
+    unused = {"sentry_sdk", "httpx", "aiohttp", "multidict", "click", "rich", "typer", "boto3"}
+    assert loaded & {*unused, "botocore"} == set()
+
+
+def test_nats_websocket_links_import_aiohttp_when_they_connect():
+    output = _output(
+        "import sys\n"
+        "from mailroom.adapters.nats.websocket import import_nats\n"
+        "import_nats()\n"
+        "import nats.aio.transport as transport\n"
+        "before = 'aiohttp' in sys.modules\n"
+        "import aiohttp, multidict\n"
+        "assert transport.aiohttp.ClientSession is aiohttp.ClientSession\n"
+        "assert transport.multidict.CIMultiDict is multidict.CIMultiDict\n"
+        "print(before, transport.aiohttp is aiohttp)"
+    )
+    assert output == "False True"
+
+
+def test_the_worker_main_shares_the_webhook_client_only_with_delivery_workers():
+    code = (
+        "from mailroom.dramatiq_main import import_shared_modules\n"
+        "import_shared_modules({queues!r})"
+    )
+    assert "aiohttp" not in _loaded(code.format(queues=["intake"]))
+    assert "aiohttp" in _loaded(code.format(queues=["inbox", "delivery"]))
 
 
 def test_the_channels_import_their_http_clients_when_they_send():
@@ -172,6 +199,29 @@ def test_the_bridges_and_the_scheduler_send_by_name_without_loading_the_actors()
         )
         assert "actors.transport" in modules, name
         assert modules & _ACTOR_MODULES == set(), name
+        assert "aiohttp" not in modules, name
+    # The scheduler connects with psycopg alone (mailroom.db_dsn): no SQLAlchemy.
+    assert "sqlalchemy" not in _loaded(
+        f"from mailroom.settings import Settings\nsettings = Settings()\n{_SENDERS['scheduler']}"
+    )
+
+
+def test_the_recognizer_command_loads_neither_aiohttp_nor_rich():
+    # Its service's ``run`` replaced by a report of what the command imported before it.
+    loaded = _loaded(
+        "import sys\n"
+        "import mailroom.cli as cli\n"
+        "def start_service(process):\n"
+        "    import mailroom.recognition.reference\n"
+        "    sys.exit(0)\n"
+        "cli.start_service = start_service\n"
+        "try:\n"
+        "    cli.app(['recognizer'], prog_name='mailroom')\n"
+        "except SystemExit as exc:\n"
+        "    assert exc.code == 0, exc.code"
+    )
+    assert "nats" in loaded
+    assert loaded & {"aiohttp", "rich", "sqlalchemy"} == set()
 
 
 #: Each long-running process's entry, its work replaced by printing the collector's thresholds.
@@ -198,8 +248,8 @@ def test_long_running_processes_collect_garbage_rarely():
         assert _output(code) == tuned, name
     worker_main = (
         "import gc, mailroom.dramatiq_main as entry\n"
-        "entry.import_shared_modules = lambda: None\n"
-        "entry.dramatiq_main = lambda: print(gc.get_threshold()) or 0\n"
-        "entry.main()\n"
+        "entry.import_shared_modules = lambda queues: None\n"
+        "entry.dramatiq_main = lambda args: print(gc.get_threshold()) or 0\n"
+        "entry.main(['actors'])\n"
     )
     assert _output(worker_main) == tuned

@@ -7,15 +7,20 @@ The outbox needs only ``RequestPublisher`` (met by ``NatsClient`` and
 queue group or a durable JetStream pull consumer (``subscriptions``).
 """
 
-from mailroom.adapters.nats.client import NatsClient
-from mailroom.adapters.nats.publisher import (
+from mailroom.adapters.nats.websocket import import_nats
+
+# Before nats-py is first imported: aiohttp waits until a websocket link uses it (websocket.py).
+import_nats()
+
+from mailroom.adapters.nats.client import NatsClient  # noqa: E402
+from mailroom.adapters.nats.publisher import (  # noqa: E402
     InMemoryPublisher,
     OutgoingMessage,
     PublishAck,
     PublishResult,
     RequestPublisher,
 )
-from mailroom.adapters.nats.subscriptions import IncomingMessage, ResultSubscription
+from mailroom.adapters.nats.subscriptions import IncomingMessage, ResultSubscription  # noqa: E402
 
 __all__ = [
     "InMemoryPublisher",
