@@ -1,22 +1,28 @@
-"""The round trips a batch of deliveries shares: one connection, one lease, group commits.
+"""The round trips deliveries share: group commits across every batch of an event loop.
 
 Each message of a batch runs the whole per-message protocol in its own lane;
-what the lanes have ready at the same moment goes out together: locks as one
-Redis call, claims as one ``UPDATE … WHERE id = ANY(…)``, successes as one Redis
-call plus one fenced ``UPDATE`` (Postgres first: the delivered keys are only a cache of it).
-A flush's error reaches the messages in that flush only.
+what the lanes of all the batches running on one event loop (one worker process)
+have ready at the same moment goes out together (``Rounds``): locks as one Redis
+call, claims as one ``UPDATE … WHERE id = ANY(…)``, successes as one fenced
+``UPDATE`` plus one Redis call (Postgres first: the delivered keys are only a
+cache of it). A worker runs its threads' batches side by side on one loop, so
+sharing the round trips between them makes each one carry several batches'
+messages instead of a few of one batch's. A flush's error reaches the messages in
+that flush only.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy import Row
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from mailroom.adapters.redis import AcquireResult, DeliveryRedis
 from mailroom.delivery.coalesce import Coalescer
@@ -54,80 +60,97 @@ class _Success:
     chunks: dict[str, Any]
 
 
-class Batch:
-    """Shared by the lanes of one batch; statements run one at a time on its connection."""
+class Rounds:
+    """The shared round trips of the batches on one event loop, for one lock owner.
+
+    The Postgres flushes run one at a time on one pooled connection of ``engine`` (in
+    autocommit), taken at the first and kept while any batch is ``active``: a checkout
+    per flush cost more CPU than the flush's statement.
+    """
 
     def __init__(
         self,
-        connection: AsyncConnection,
-        lease: BatchLease,
+        engine: AsyncEngine,
         *,
         redis: DeliveryRedis,
         token: str,
         ttl_ms: int,
         delivered_ttl_s: int,
     ) -> None:
-        self.connection = connection
-        self.lease = lease
+        self.loop = asyncio.get_running_loop()
+        self.engine = engine
         self.redis = redis
         self.token = token
         self.ttl_ms = ttl_ms
         self.delivered_ttl_s = delivered_ttl_s
-        self._statement_lock = asyncio.Lock()
         self._locks: Coalescer[int, AcquireResult] = Coalescer(self._lock_many)
-        self._claims: Coalescer[int, Claim | str | None] = Coalescer(self._claim_many)
+        self._claims: Coalescer[int, Row[Any] | str | None] = Coalescer(self._claim_many)
         self._successes: Coalescer[_Success, bool] = Coalescer(self._succeed_many)
+        self._connection: AsyncConnection | None = None
+        self._connection_lock = asyncio.Lock()
+        self._users = 0
 
-    async def execute(self, statement: Any, params: dict[str, Any]) -> Any:
-        async with self._statement_lock:
-            return await self.connection.execute(statement, params)
+    @contextlib.asynccontextmanager
+    async def active(self) -> AsyncIterator[None]:
+        """Around a batch: the connection is given back when the last batch is done."""
+        self._users += 1
+        try:
+            yield
+        finally:
+            self._users -= 1
+            if self._users == 0:
+                async with self._connection_lock:  # after a flush still running
+                    if self._users == 0 and self._connection is not None:
+                        connection, self._connection = self._connection, None
+                        await connection.close()
+
+    async def _execute(self, statement: Any, params: dict[str, Any]) -> Any:
+        """One statement on the shared connection (results read before the next one runs)."""
+        async with self._connection_lock:
+            if self._connection is None:
+                self._connection = await self.engine.connect()
+            try:
+                return (await self._connection.execute(statement, params)).all()
+            except Exception:
+                # Its state is unknown (a broken socket, a statement timeout): the next flush
+                # takes a fresh connection.
+                connection, self._connection = self._connection, None
+                with contextlib.suppress(Exception):
+                    await connection.invalidate()
+                    await connection.close()
+                raise
 
     async def lock(self, message_id: int) -> AcquireResult:
-        """Take the message's processing lock (or learn it is settled or held)."""
         return await self._locks.submit(message_id)
 
-    async def claim(self, message_id: int) -> Claim | str | None:
-        """Count an attempt of the message and mark it sending (committed at once).
-
-        Returns the claim, or why there is none: the message's status (final, or
-        not due yet), or None when the message does not exist.
-        """
+    async def claim(self, message_id: int) -> Row[Any] | str | None:
         return await self._claims.submit(message_id)
 
-    async def succeed(self, claim: Claim, chunks: dict[str, Any]) -> bool:
-        """Settle a delivered message; False when a later attempt took it over."""
-        return await self._successes.submit(_Success(claim.id, claim.attempts, chunks))
-
-    async def aclose(self) -> None:
-        await self._locks.aclose()
-        await self._claims.aclose()
-        await self._successes.aclose()
+    async def succeed(self, message_id: int, attempts: int, chunks: dict[str, Any]) -> bool:
+        return await self._successes.submit(_Success(message_id, attempts, chunks))
 
     async def _lock_many(self, message_ids: Sequence[int]) -> dict[int, AcquireResult]:
         return await self.redis.acquire_locks(message_ids, token=self.token, ttl_ms=self.ttl_ms)
 
-    async def _claim_many(self, message_ids: Sequence[int]) -> dict[int, Claim | str | None]:
+    async def _claim_many(self, message_ids: Sequence[int]) -> dict[int, Row[Any] | str | None]:
         params = {"ids": list(message_ids), "due_slack_s": DUE_SLACK_S}
-        rows = (await self.execute(CLAIM, params)).all()
-        found: dict[int, Claim | str | None] = {
-            row.id: Claim(**row._asdict(), batch=self) for row in rows
+        found: dict[int, Row[Any] | str | None] = {
+            row.id: row for row in await self._execute(CLAIM, params)
         }
         rest = [mid for mid in message_ids if mid not in found]
         if rest:
-            statuses = dict((await self.execute(STATUSES, {"ids": rest})).all())
+            statuses = {row.id: row.status for row in await self._execute(STATUSES, {"ids": rest})}
             found.update({mid: statuses.get(mid) for mid in rest})
         return found
 
     async def _succeed_many(self, successes: Sequence[_Success]) -> dict[_Success, bool]:
-        for success in successes:
-            self.lease.release(success.id)
         # Postgres first: it is the record of the send. The delivered keys and lock releases
         # after it are a cache; should Redis fail now, the locks expire and a retry finds the
         # final status in Postgres, so nothing is sent twice and nothing sent ends uncertain.
         rows = json.dumps(
             [{"id": s.id, "attempts": s.attempts, "chunks": s.chunks} for s in successes]
         )
-        settled = set((await self.execute(SUCCEED, {"rows": rows})).scalars())
+        settled = {row.id for row in await self._execute(SUCCEED, {"rows": rows})}
         try:
             await self.redis.settle_many(
                 [(s.id, "delivered" if s.id in settled else "") for s in successes],
@@ -142,3 +165,51 @@ class Batch:
                 type(exc).__name__,
             )
         return {success: success.id in settled for success in successes}
+
+
+class Batch:
+    """One batch's lease and its own statements (a connection taken at the first one).
+
+    Locks, claims and successes go through the loop's shared ``Rounds``; the rarer
+    writes of one message (a chunk recorded, a failure, a retry) run here, one at a
+    time on the batch's connection.
+    """
+
+    def __init__(self, rounds: Rounds, lease: BatchLease) -> None:
+        self.rounds = rounds
+        self.lease = lease
+        self._connection: AsyncConnection | None = None
+        self._statement_lock = asyncio.Lock()
+        self._stack = contextlib.AsyncExitStack()
+
+    async def execute(self, statement: Any, params: dict[str, Any]) -> Any:
+        async with self._statement_lock:
+            if self._connection is None:
+                self._connection = await self._stack.enter_async_context(
+                    self.rounds.engine.connect()
+                )
+            return await self._connection.execute(statement, params)
+
+    async def lock(self, message_id: int) -> AcquireResult:
+        """Take the message's processing lock (or learn it is settled or held)."""
+        return await self.rounds.lock(message_id)
+
+    async def claim(self, message_id: int) -> Claim | str | None:
+        """Count an attempt of the message and mark it sending (committed at once).
+
+        Returns the claim, or why there is none: the message's status (final, or
+        not due yet), or None when the message does not exist.
+        """
+        found = await self.rounds.claim(message_id)
+        if isinstance(found, Row):
+            return Claim(**found._asdict(), batch=self)
+        return found
+
+    async def succeed(self, claim: Claim, chunks: dict[str, Any]) -> bool:
+        """Settle a delivered message; False when a later attempt took it over."""
+        # Not renewed from here on (before the lock is deleted, so a renewal racing it is no loss).
+        self.lease.release(claim.id)
+        return await self.rounds.succeed(claim.id, claim.attempts, chunks)
+
+    async def aclose(self) -> None:
+        await self._stack.aclose()

@@ -12,9 +12,9 @@ Every write after the claim is fenced on ``attempts``: an attempt whose lock
 lapsed and was taken over changes nothing.
 
 A batch runs each message through exactly these steps, up to ``batch_concurrency``
-at a time, sharing the round trips: locks, claims and successful settlements that
-are ready at the same moment go out as one call or statement, and the locks are
-renewed together (``mailroom.delivery.batch``). A message's
+at a time, sharing the round trips with every batch on its event loop: locks, claims
+and successful settlements that are ready at the same moment go out as one call or
+statement (``mailroom.delivery.batch``), and a batch's locks are renewed together. A message's
 failure is its own: it ends in that message's outcome (or its retry), never in
 its neighbours'.
 """
@@ -29,7 +29,6 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from functools import cached_property
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
@@ -38,7 +37,7 @@ from mailroom.adapters.redis import DeliveryRedis, describe_holder
 from mailroom.backoff import backoff
 from mailroom.db import transaction
 from mailroom.delivery import metrics
-from mailroom.delivery.batch import Batch, Claim
+from mailroom.delivery.batch import Batch, Claim, Rounds
 from mailroom.delivery.chunks import FAILED, SENT, ChunkPlan
 from mailroom.delivery.locks import BatchLease, LockOwner, process_owner
 from mailroom.delivery.ports import Envelope, Outbound, Send
@@ -104,6 +103,7 @@ class Deliverer:
     rng: random.Random = field(default_factory=random.Random)
     #: Reloads the channel accounts if their rows changed, once per batch (None: fixed).
     refresh_accounts: Callable[[], Awaitable[None]] | None = None
+    _shared: Rounds | None = field(default=None, init=False, repr=False)
 
     async def deliver(self, message_id: int) -> Outcome:
         """Deliver ``message_id``; raises ``DeliveryDeferred`` when it should run again later.
@@ -147,19 +147,13 @@ class Deliverer:
         async def renew(ids: list[int]) -> set[int]:
             return await self.redis.extend_locks(ids, token=token, ttl_ms=ttl_ms)
 
-        # One pooled connection per batch, in autocommit: no transaction stays open while
-        # sending, and single statements need no BEGIN/COMMIT round trips.
+        # Pooled connections in autocommit: no transaction stays open while sending, and
+        # single statements need no BEGIN/COMMIT round trips.
         async with contextlib.AsyncExitStack() as stack:
-            connection = await stack.enter_async_context(self._autocommit.connect())
+            rounds = self._rounds()
+            await stack.enter_async_context(rounds.active())
             lease = await stack.enter_async_context(BatchLease(renew, interval_s=ttl_ms / 3000))
-            batch = Batch(
-                connection,
-                lease,
-                redis=self.redis,
-                token=token,
-                ttl_ms=ttl_ms,
-                delivered_ttl_s=self.settings.delivered_ttl_s,
-            )
+            batch = Batch(rounds, lease)
             stack.push_async_callback(batch.aclose)
             todo = iter(message_ids)
 
@@ -380,12 +374,20 @@ class Deliverer:
         if result.one_or_none() is None:
             raise LeaseLost(f"message {claim.id} was taken over by a later attempt")
 
-    @cached_property
-    def _autocommit(self) -> AsyncEngine:
-        """The sessions' engine in autocommit: single statements, no BEGIN/COMMIT round trips."""
-        engine = self.sessions.kw["bind"]
-        assert isinstance(engine, AsyncEngine)
-        return engine.execution_options(isolation_level="AUTOCOMMIT")
+    def _rounds(self) -> Rounds:
+        """The round trips shared by this deliverer's batches on the running loop."""
+        rounds = self._shared
+        if rounds is None or rounds.loop is not asyncio.get_running_loop():
+            engine = self.sessions.kw["bind"]
+            assert isinstance(engine, AsyncEngine)
+            rounds = self._shared = Rounds(
+                engine.execution_options(isolation_level="AUTOCOMMIT"),
+                redis=self.redis,
+                token=self.owner.token,
+                ttl_ms=self.settings.lock_ttl_ms,
+                delivered_ttl_s=self.settings.delivered_ttl_s,
+            )
+        return rounds
 
     async def _release(self, lease: BatchLease, message_id: int, *, value: str = "") -> None:
         """Release our lock; with ``value``, set the delivered key first (never retried)."""

@@ -170,6 +170,21 @@ async def test_a_message_is_claimed_only_when_its_turn_to_send_comes(
     assert seen[2:] == [(first, "delivered", 1), (second, "sending", 1)]
 
 
+async def test_batches_running_side_by_side_share_their_round_trips(
+    deliverer, delivery_sessions, outbound
+):
+    ids = [await make_message(delivery_sessions, body=f"hello {n}") for n in range(20)]
+    first, second = await asyncio.gather(
+        deliverer.deliver_many(ids[:10]), deliverer.deliver_many(ids[10:])
+    )
+    assert {**first.outcomes, **second.outcomes} == dict.fromkeys(ids, Outcome.DELIVERED)
+    rounds = deliverer._shared
+    # As a worker's threads run their batches on one loop: their locks and claims went together.
+    assert (rounds._locks.flushes, rounds._claims.flushes) == (1, 1)
+    for message_id in ids:
+        assert (await load_message(delivery_sessions, message_id)).status == "delivered"
+
+
 async def test_batch_lock_operations_take_extend_and_settle_many_at_once(keys):
     await keys.settle(1, token="", delivered="delivered", delivered_ttl_s=60)
     await keys.acquire_lock(2, token="other", ttl_ms=10_000)

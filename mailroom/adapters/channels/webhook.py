@@ -91,6 +91,11 @@ class WebhookChannel:
         # built outside it.
         self._session: aiohttp.ClientSession | None = None
         self._closed = False
+        # The URL checked against the allow-list once: the account and the list are the
+        # channel's for its life (a change builds a new channel). A host name (and the parsed
+        # URL) is kept; a URL naming an address is its own target, with no DNS to ask.
+        self._checked: tuple[str, URL] | None = None
+        self._literal: list[Target] | None = None
 
     async def send(self, envelope: Envelope) -> str | None:
         body = json.dumps(
@@ -109,7 +114,10 @@ class WebhookChannel:
             secrets = [secret.get_secret_value() for secret in self.account.secrets]
             headers |= webhooks.signature_headers(secrets, envelope.idempotency_key, body)
         for name, value in headers.items():
-            outbound.check_header_value(name, value)
+            # Printable means no control character: only the rest is looked at character by
+            # character (a tab is not printable, yet allowed).
+            if not value.isprintable():
+                outbound.check_header_value(name, value)
         targets = await self._pinned_targets(headers)
         reply = await _post_first_reachable(self._client(), targets, body, headers)
         _check(reply)
@@ -144,15 +152,23 @@ class WebhookChannel:
         return self._session
 
     async def _pinned_targets(self, headers: dict[str, str]) -> list[Target]:
-        """The account's URL with its host replaced by each checked address; sets ``Host``."""
-        from yarl import URL
+        """The account's URL with its host replaced by each checked address; sets ``Host``.
 
-        host = outbound.check_url(self.account.url, self.allow)
-        url = URL(self.account.url)
-        address = outbound.literal_address(host)
-        if address is not None:
-            outbound.check_addresses(host, [address], self.allow)
-            return [Target(url)]
+        A host name is resolved, and its addresses checked, at every send.
+        """
+        if self._literal is not None:
+            return self._literal
+        if self._checked is None:
+            from yarl import URL
+
+            host, url = outbound.check_url(self.account.url, self.allow), URL(self.account.url)
+            address = outbound.literal_address(host)
+            if address is not None:
+                outbound.check_addresses(host, [address], self.allow)
+                self._literal = [Target(url)]
+                return self._literal
+            self._checked = host, url
+        host, url = self._checked
         addresses = await _resolve(host, url.port or (443 if url.scheme == "https" else 80))
         outbound.check_addresses(host, addresses, self.allow)
         port = "" if url.explicit_port is None else f":{url.explicit_port}"
