@@ -134,7 +134,7 @@ async def _apply_counted(
         dead, jobs = await inbox_write.hold_and_lock(pg, ids, attempt_id)
         if not dead:
             return await _apply_batch(
-                sessions, parsed, now, pg=pg, jobs=jobs, attempt_id=attempt_id
+                sessions, parsed, now, pg=pg, jobs=jobs, attempt_id=attempt_id, ids=ids
             )
         # An earlier batch holding one of these jobs never came back: charge each message alone,
         # on its own job only (a batch's death says nothing about which of its messages killed it).
@@ -162,6 +162,7 @@ async def _apply_batch(
     pg: inbox_write.Connection,
     jobs: list[Job],
     attempt_id: uuid.UUID,
+    ids: str,
 ) -> list[InboxOutcome]:
     """The batch's locked jobs applied and written back; its commit ends its attempt.
 
@@ -170,7 +171,7 @@ async def _apply_batch(
     """
     try:
         batch = _apply_rules(parsed, jobs, now)
-        await inbox_write.write_back(pg, jobs, now, attempt_id=attempt_id, release=True)
+        await inbox_write.write_back(pg, jobs, now, attempt_id=attempt_id, release=True, ids=ids)
         batch.emit()
         return batch.outcomes
     except Exception as exc:

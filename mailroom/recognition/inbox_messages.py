@@ -127,6 +127,10 @@ def _uuid_or_none(value: object) -> uuid.UUID | None:
 
 
 def header(headers: Mapping[str, str], name: str) -> str | None:
+    """The header ``name``, in any spelling; the exact one (what NATS clients send) first."""
+    exact = headers.get(name)
+    if exact is not None:
+        return exact
     for key, value in headers.items():
         if key.lower() == name.lower():
             return value

@@ -80,10 +80,15 @@ async def write_back(
     *,
     attempt_id: uuid.UUID | None = None,
     release: bool = False,
+    ids: str | None = None,
 ) -> None:
-    """Write the changed jobs and files back, end the attempt, ``COMMIT`` (and let go)."""
+    """Write the changed jobs and files back, end the attempt, ``COMMIT`` (and let go).
+
+    ``ids``: the ``uuid[]`` literal the jobs were locked by, if at hand (the write-back
+    joins its rows on the ids of the changed jobs, so a superset serves as well).
+    """
     changed = [job for job in jobs if job.changed]
-    params = _write_back_params(changed, now, attempt_id) if changed else None
+    params = _write_back_params(changed, now, attempt_id, ids) if changed else None
     objects = _objects(changed)
     revived = [job for job in changed if job.revived]
     async with pg.pipeline():
@@ -105,17 +110,9 @@ async def write_back(
 
 
 def _write_back_params(
-    changed: Sequence[Job], now: datetime | None, attempt_id: uuid.UUID | None
+    changed: Sequence[Job], now: datetime | None, attempt_id: uuid.UUID | None, ids: str | None
 ) -> dict[str, Any]:
-    job_rows = [
-        {
-            **{name: job.row[name] for name in inbox_sql.WRITTEN},
-            "metrics_changed": job.metrics_changed,
-            "result_bucket": job.result_object[0] if job.result_object else None,
-            "result_key": job.result_object[1] if job.result_object else None,
-        }
-        for job in changed
-    ]
+    job_rows = [_job_row(job) for job in changed]
     file_rows = [
         {
             "job_id": job.id,
@@ -130,12 +127,26 @@ def _write_back_params(
     ]
     return {
         "jobs": inbox_sql.to_json(job_rows),
-        "job_ids": uuid_array(job.id for job in changed),
+        "job_ids": ids if ids is not None else uuid_array(job.id for job in changed),
         "files": inbox_sql.to_json(file_rows),
         "file_ids": int_array(row["file_id"] for row in file_rows),
         "now": now,
         "attempt": attempt_id,
     }
+
+
+def _job_row(job: Job) -> dict[str, Any]:
+    """The job's written columns; its metrics only when changed (the statement keeps the
+    row's otherwise), its result object's bucket and key for the statement to look up."""
+    row = job.row
+    written = {name: row[name] for name in inbox_sql.WRITTEN}
+    if not job.metrics_changed:
+        written["metrics"] = None
+    written["metrics_changed"] = job.metrics_changed
+    bucket, key = job.result_object or (None, None)
+    written["result_bucket"] = bucket
+    written["result_key"] = key
+    return written
 
 
 def _objects(jobs: Sequence[Job]) -> str | None:
