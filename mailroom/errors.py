@@ -59,7 +59,7 @@ MAX_ERROR_CHARS = 2000
 def describe_error(exc: BaseException) -> str:
     """``Type: message`` for cursor rows and logs, without SQL parameters (mail headers)."""
     # Here, not at the top: the settings import this module, and every process (the CLI
-    # before it execs Dramatiq too) would pay SQLAlchemy's import (about 0.35 s of CPU).
+    # before it runs Dramatiq's main too) would pay SQLAlchemy's import (about 0.35 s of CPU).
     from sqlalchemy.exc import StatementError
 
     if isinstance(exc, StatementError) and exc.orig is not None:

@@ -1,7 +1,7 @@
 """Subcommands whose modules are imported only when they are used (or listed by ``--help``).
 
-Every Mailroom process starts through this CLI: ``mailroom worker`` execs Dramatiq after
-reading its settings, the bridges and the scheduler run one command each. Importing every
+Every Mailroom process starts through this CLI: ``mailroom worker`` runs Dramatiq's main
+after reading its settings, the bridges and the scheduler run one command each. Importing every
 operator command's module first (SQLAlchemy, Redis, NATS, the models, rich tables) cost each
 of them about a second of CPU before its own work.
 """

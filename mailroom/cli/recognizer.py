@@ -34,7 +34,7 @@ def recognizer(ctx: typer.Context) -> None:
     from mailroom.adapters.nats.websocket import import_nats
     from mailroom.cli import start_service
 
-    import_nats()  # before the recognizer imports nats-py: aiohttp only if a websocket link needs it
+    import_nats()  # before the recognizer imports nats-py: aiohttp only for a websocket link
     from mailroom.recognition.pairing import real_mailbox_refusal
     from mailroom.recognition.reference import run
 

@@ -87,9 +87,9 @@ def process_specs() -> list[tuple[str, list[str]]]:
     """Every Mailroom process, as (name, command line)."""
     python = sys.executable
     return [
-        # ``mailroom worker`` execs ``dramatiq actors`` after preparing its environment. The
-        # worker spends most of a mail's CPU (bench/e2e.py) and one process has one event loop:
-        # two use both cores of a small machine.
+        # ``mailroom worker`` runs Dramatiq's main for ``actors`` after preparing its environment.
+        # The worker spends most of a mail's CPU (bench/e2e.py) and one process has one event
+        # loop: two use both cores of a small machine.
         (
             "worker",
             [python, "-m", "mailroom", "worker", "--processes", WORKER_PROCESSES, "--threads", "8"]
