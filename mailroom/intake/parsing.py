@@ -405,7 +405,7 @@ def _may_be_named(part: Message) -> bool:
     """Whether a ``filename`` or ``name`` parameter can be there at all.
 
     A mail's text and HTML bodies have none, and ``get_filename`` parses both headers'
-    parameters to find that out (about a tenth of a small mail's parse). Parameter names are
+    parameters to find that out (a tenth to a fifth of a small mail's parse). Parameter names are
     matched case-blind on the headers' text, as the parser reads them.
     """
     for header in ("content-disposition", "content-type"):
