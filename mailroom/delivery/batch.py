@@ -21,7 +21,8 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Row
+import psycopg
+from psycopg.rows import dict_row
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from mailroom.adapters.redis import AcquireResult, DeliveryRedis
@@ -84,9 +85,10 @@ class Rounds:
         self.ttl_ms = ttl_ms
         self.delivered_ttl_s = delivered_ttl_s
         self._locks: Coalescer[int, AcquireResult] = Coalescer(self._lock_many)
-        self._claims: Coalescer[int, Row[Any] | str | None] = Coalescer(self._claim_many)
+        self._claims: Coalescer[int, dict[str, Any] | str | None] = Coalescer(self._claim_many)
         self._successes: Coalescer[_Success, bool] = Coalescer(self._succeed_many)
         self._connection: AsyncConnection | None = None
+        self._driver: psycopg.AsyncConnection[Any] | None = None
         self._connection_lock = asyncio.Lock()
         self._users = 0
 
@@ -104,13 +106,25 @@ class Rounds:
                         connection, self._connection = self._connection, None
                         await connection.close()
 
-    async def _execute(self, statement: Any, params: dict[str, Any]) -> Any:
-        """One statement on the shared connection (results read before the next one runs)."""
+    async def _execute(self, query: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        """One statement (psycopg's paramstyle) on the shared connection, its rows read."""
         async with self._connection_lock:
             if self._connection is None:
-                self._connection = await self.engine.connect()
+                connection = await self.engine.connect()
+                try:
+                    driver = (await connection.get_raw_connection()).driver_connection
+                    if not isinstance(driver, psycopg.AsyncConnection):
+                        raise TypeError("delivery needs an engine on psycopg's async driver")
+                except BaseException:
+                    await connection.close()
+                    raise
+                self._connection, self._driver = connection, driver
+            driver = self._driver
+            assert driver is not None
             try:
-                return (await self._connection.execute(statement, params)).all()
+                async with driver.cursor(row_factory=dict_row) as cursor:
+                    await cursor.execute(query, params)
+                    return await cursor.fetchall()
             except Exception:
                 # Its state is unknown (a broken socket, a statement timeout): the next flush
                 # takes a fresh connection.
@@ -123,7 +137,7 @@ class Rounds:
     async def lock(self, message_id: int) -> AcquireResult:
         return await self._locks.submit(message_id)
 
-    async def claim(self, message_id: int) -> Row[Any] | str | None:
+    async def claim(self, message_id: int) -> dict[str, Any] | str | None:
         return await self._claims.submit(message_id)
 
     async def succeed(self, message_id: int, attempts: int, chunks: dict[str, Any]) -> bool:
@@ -132,14 +146,17 @@ class Rounds:
     async def _lock_many(self, message_ids: Sequence[int]) -> dict[int, AcquireResult]:
         return await self.redis.acquire_locks(message_ids, token=self.token, ttl_ms=self.ttl_ms)
 
-    async def _claim_many(self, message_ids: Sequence[int]) -> dict[int, Row[Any] | str | None]:
+    async def _claim_many(
+        self, message_ids: Sequence[int]
+    ) -> dict[int, dict[str, Any] | str | None]:
         params = {"ids": list(message_ids), "due_slack_s": DUE_SLACK_S}
-        found: dict[int, Row[Any] | str | None] = {
-            row.id: row for row in await self._execute(CLAIM, params)
+        found: dict[int, dict[str, Any] | str | None] = {
+            row["id"]: row for row in await self._execute(CLAIM, params)
         }
         rest = [mid for mid in message_ids if mid not in found]
         if rest:
-            statuses = {row.id: row.status for row in await self._execute(STATUSES, {"ids": rest})}
+            rows = await self._execute(STATUSES, {"ids": rest})
+            statuses = {row["id"]: row["status"] for row in rows}
             found.update({mid: statuses.get(mid) for mid in rest})
         return found
 
@@ -150,7 +167,7 @@ class Rounds:
         rows = json.dumps(
             [{"id": s.id, "attempts": s.attempts, "chunks": s.chunks} for s in successes]
         )
-        settled = {row.id for row in await self._execute(SUCCEED, {"rows": rows})}
+        settled = {row["id"] for row in await self._execute(SUCCEED, {"rows": rows})}
         try:
             await self.redis.settle_many(
                 [(s.id, "delivered" if s.id in settled else "") for s in successes],
@@ -201,8 +218,8 @@ class Batch:
         not due yet), or None when the message does not exist.
         """
         found = await self.rounds.claim(message_id)
-        if isinstance(found, Row):
-            return Claim(**found._asdict(), batch=self)
+        if isinstance(found, dict):
+            return Claim(**found, batch=self)
         return found
 
     async def succeed(self, claim: Claim, chunks: dict[str, Any]) -> bool:

@@ -271,9 +271,8 @@ async def test_a_claim_finds_its_rows_by_primary_key_among_many_open_messages(de
             .all()
         )
         plan = (
-            await connection.execute(
-                text("EXPLAIN (FORMAT JSON) " + CLAIM.text),
-                {"ids": ids[100:150], "due_slack_s": 1.0},
+            await connection.exec_driver_sql(
+                "EXPLAIN (FORMAT JSON) " + CLAIM, {"ids": ids[100:150], "due_slack_s": 1.0}
             )
         ).scalar_one()
     # From the open-message index, the locking subquery ran once per open message.
