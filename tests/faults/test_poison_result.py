@@ -67,15 +67,18 @@ def test_a_result_that_kills_the_inbox_or_mapping_fails_its_job_and_the_rest_flo
         "final",
     ]
     assert list(by_name.values()) == [["RECOGNIZED", "", "done", None, "final"]] * GOOD
-    # What stays counted is the deaths: at most the maximum, each on its own job's key.
+    # What stays counted is the deaths, each on its own job's key: the maximum, or one more when
+    # the other poison's first, not yet suspect, attempt died in the same process while the
+    # exhausted attempt (counted past the maximum, given back once written) was in flight.
     counts = dict(
         system.query(
             "SELECT f.original_name, j.metrics - 'republish_count' FROM recognition_job AS j "
             "JOIN stored_file AS f ON f.id = j.file_id WHERE starts_with(f.original_name, 'die-in-')"
         )
     )
-    assert counts[f"{DIE_IN_INBOX}.csv"].get("inbox_attempts") == MAX_ATTEMPTS
-    assert counts[f"{DIE_IN_MAPPING}.csv"].get("mapping_attempts") == MAX_ATTEMPTS
+    charged = (MAX_ATTEMPTS, MAX_ATTEMPTS + 1)
+    assert counts[f"{DIE_IN_INBOX}.csv"].get("inbox_attempts") in charged
+    assert counts[f"{DIE_IN_MAPPING}.csv"].get("mapping_attempts") in charged
     bodies = system.query(
         "SELECT body FROM channel_message AS c JOIN stored_file AS f ON f.mail_id = c.mail_id "
         "WHERE starts_with(f.original_name, 'die-in-')"
