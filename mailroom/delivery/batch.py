@@ -104,7 +104,12 @@ class Rounds:
                 async with self._connection_lock:  # after a flush still running
                     if self._users == 0 and self._connection is not None:
                         connection, self._connection = self._connection, None
-                        await connection.close()
+                        try:
+                            await connection.close()
+                        except Exception as exc:  # the batch's outcomes stand
+                            logger.warning(
+                                "Closing a delivery connection failed (%s)", type(exc).__name__
+                            )
 
     async def _execute(self, query: str, params: dict[str, Any]) -> list[dict[str, Any]]:
         """One statement (psycopg's paramstyle) on the shared connection, its rows read."""
@@ -125,9 +130,9 @@ class Rounds:
                 async with driver.cursor(row_factory=dict_row) as cursor:
                     await cursor.execute(query, params)
                     return await cursor.fetchall()
-            except Exception:
-                # Its state is unknown (a broken socket, a statement timeout): the next flush
-                # takes a fresh connection.
+            except BaseException:
+                # Its state is unknown (a broken socket, a statement timeout, a cancellation
+                # mid-statement): the next flush takes a fresh connection.
                 connection, self._connection = self._connection, None
                 with contextlib.suppress(Exception):
                     await connection.invalidate()
