@@ -100,6 +100,14 @@ async def autocommit(
         yield connection
 
 
+async def driver_connection(connection: AsyncConnection) -> psycopg.AsyncConnection[Any]:
+    """The psycopg connection under ``connection``, for statements sent past SQLAlchemy."""
+    pg = (await connection.get_raw_connection()).driver_connection
+    if not isinstance(pg, psycopg.AsyncConnection):
+        raise TypeError("statements sent through psycopg need an engine on its async driver")
+    return pg
+
+
 @asynccontextmanager
 async def psycopg_autocommit(
     sessions: async_sessionmaker[AsyncSession], *, clean: tuple[type[BaseException], ...] = ()
@@ -110,9 +118,7 @@ async def psycopg_autocommit(
     protocol state unknown: it is closed rather than handed back to the pool.
     """
     async with autocommit(sessions) as connection:
-        pg = (await connection.get_raw_connection()).driver_connection
-        if not isinstance(pg, psycopg.AsyncConnection):
-            raise TypeError("pipelined statements need an engine on psycopg's async driver")
+        pg = await driver_connection(connection)
         try:
             yield pg
         except clean:

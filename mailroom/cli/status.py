@@ -23,7 +23,8 @@ from actors.queues import ALL as QUEUES
 from mailroom.adapters.redis_client import CLI_REDIS_ATTEMPTS, async_client
 from mailroom.attention import NEEDS_OPERATOR, STAGES, format_age, needs_operator, oldest_per_stage
 from mailroom.cli.status_links import jetstream_state, object_store_state
-from mailroom.db import create_engine, create_sessionmaker, database_url, libpq_dsn
+from mailroom.db import create_engine, create_sessionmaker
+from mailroom.db_dsn import psycopg_dsn
 from mailroom.delivery.status import stream_state
 from mailroom.models import ChannelMessage, InboundMail, MailboxCursor, RecognitionJob, StoredFile
 from mailroom.recognition.gate import closed_gates, gate_lines
@@ -132,9 +133,7 @@ async def _redis_status(settings: Settings) -> dict[str, Any]:
 
 
 def _leader(settings: Settings) -> str | None:
-    return current_leader(
-        libpq_dsn(database_url(settings.database)), settings.scheduler.leader_lock_key
-    )
+    return current_leader(psycopg_dsn(settings.database), settings.scheduler.leader_lock_key)
 
 
 def print_status(

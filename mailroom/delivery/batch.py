@@ -26,6 +26,7 @@ from psycopg.rows import dict_row
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from mailroom.adapters.redis import AcquireResult, DeliveryRedis
+from mailroom.db import driver_connection
 from mailroom.delivery.coalesce import Coalescer
 from mailroom.delivery.locks import BatchLease
 from mailroom.delivery.statements import CLAIM, STATUSES, SUCCEED
@@ -117,9 +118,7 @@ class Rounds:
             if self._connection is None:
                 connection = await self.engine.connect()
                 try:
-                    driver = (await connection.get_raw_connection()).driver_connection
-                    if not isinstance(driver, psycopg.AsyncConnection):
-                        raise TypeError("delivery needs an engine on psycopg's async driver")
+                    driver = await driver_connection(connection)
                 except BaseException:
                     await connection.close()
                     raise

@@ -18,7 +18,7 @@ import psycopg
 from rich.console import Console
 from rich.table import Table
 
-from mailroom.db import libpq_dsn
+from mailroom.db_dsn import psycopg_dsn
 from mailroom.devtools.imap import ImapServer, demo_mailbox
 from mailroom.devtools.seed import sample_mails
 from mailroom.devtools.sinks import SmtpSink, WebhookSink
@@ -196,7 +196,7 @@ def run_dev(
         for name, args in process_specs():
             supervisor.add(Child(name, args, env, logs / f"{name}.log"))
         _print_ready(console, settings, state, supervisor, webhook, smtp, imap)
-        view = StageView(libpq_dsn(settings.database.url), console)
+        view = StageView(psycopg_dsn(settings.database), console)
         while not stopping.wait(1.0):
             supervisor.check()
             view.refresh()
