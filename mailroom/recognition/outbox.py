@@ -234,8 +234,7 @@ async def _publish(
             {
                 "now": now,
                 "deadline": first_deadline,
-                # uuid_array's literal, from the ids already written as text
-                "ids": "{" + ",".join(first_keys) + "}",
+                "ids": uuid_array(first_keys),  # the ids already written as text
                 "msg_ids": text_array(first_msg_ids),
                 "subjects": text_array(first_subjects),
             },

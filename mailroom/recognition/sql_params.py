@@ -11,8 +11,8 @@ import uuid
 from collections.abc import Iterable
 
 
-def uuid_array(ids: Iterable[uuid.UUID]) -> str:
-    """A ``uuid[]`` literal: ``{…,…}`` (uuids need no quoting)."""
+def uuid_array(ids: Iterable[uuid.UUID | str]) -> str:
+    """A ``uuid[]`` literal: ``{…,…}`` (uuids, or their text, need no quoting)."""
     return "{" + ",".join(str(value) for value in ids) + "}"
 
 
