@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gc
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -59,6 +60,19 @@ def import_shared_modules(queues: Sequence[str] | None = None) -> None:
     gc.freeze()
 
 
+def reloadable_argv() -> None:
+    """Make ``sys.argv`` a command Dramatiq can exec again when SIGHUP asks it to reload.
+
+    Dramatiq reloads by exec'ing ``sys.argv[0]`` with ``sys.argv``. From the console script
+    (``mailroom worker``, the image) that is the script itself; under ``python -m mailroom
+    worker``, as ``mailroom dev`` starts it, it is ``mailroom/__main__.py``, which is not
+    executable, so the reload failed and the worker was gone. The interpreter's own command
+    line (``sys.orig_argv``: its options, ``-m`` and the module) starts the same process.
+    """
+    if not os.access(sys.argv[0], os.X_OK):
+        sys.argv = [sys.executable, *sys.orig_argv[1:]]
+
+
 def main(argv: list[str] | None = None, *, settings: Settings | None = None) -> int:
     """Dramatiq's CLI with ``argv`` (default: this process's arguments); its exit code."""
     gc_policy.tune()  # the worker processes it forks inherit the thresholds
@@ -66,6 +80,7 @@ def main(argv: list[str] | None = None, *, settings: Settings | None = None) -> 
     configure_logging(settings or Settings(), process="worker-main")
     args = make_argument_parser().parse_args(argv)  # type: ignore[no-untyped-call]
     import_shared_modules(args.queues)
+    reloadable_argv()  # after the parse above, which reads sys.argv when argv is None
     return int(dramatiq_main(args) or 0)  # type: ignore[no-untyped-call]
 
 

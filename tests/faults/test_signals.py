@@ -129,3 +129,27 @@ def test_process_stops_cleanly_on_two_signals_within_a_second(process_env, tmp_p
         assert took < 8
     finally:
         _kill_group(process)
+
+
+def test_worker_started_as_a_module_reloads_on_sighup(process_env, tmp_path):
+    # Given ``python -m mailroom worker``, as ``mailroom dev`` starts it, ready to work
+    log = tmp_path / "worker.log"
+    args = [sys.executable, "-m", "mailroom", "worker", "--processes", "1", "--threads", "1"]
+    process = _start(args, process_env, log)
+    try:
+        _wait_for_text(process, log, READY["worker"], count=1)
+
+        # When SIGHUP asks Dramatiq's main process to reload
+        os.kill(process.pid, signal.SIGHUP)
+
+        # Then the same command starts again in that process and its worker is ready again
+        # (Dramatiq execs ``sys.argv``: ``mailroom/__main__.py`` itself is not executable)
+        _wait_for_text(process, log, READY["worker"], count=2)
+        assert process.poll() is None
+        _interrupt(process, 1)
+        code = _wait_exit(process, log, timeout_s=10)
+        output = log.read_text(errors="replace")
+        assert code == 0, output[-3000:]
+        assert "Traceback" not in output, output[-3000:]
+    finally:
+        _kill_group(process)
