@@ -18,7 +18,7 @@ from typing import Any
 import psycopg
 
 from mailroom.adapters.imap import FetchedMail
-from mailroom.adapters.storage import ObjectStore, PutRequest, StoredRef, content_key
+from mailroom.adapters.storage import ObjectStore, PutRequest, StoredRef, digest_key, sha256_hex
 from mailroom.errors import LeaseLost, MailFailed
 from mailroom.intake.cursor import Claim
 from mailroom.intake.mail_sql import FileRow, MailWrite, store_mails
@@ -104,9 +104,9 @@ async def prepare_group(
     #: For each request: the mail it belongs to and its attachment (None for the .eml).
     owners: list[tuple[int, int | None]] = []
     for index, (mail, p) in enumerate(parsed):
-        if p.problem is None:
-            key = content_key(mail.raw, prefix="mail", suffix=".eml")
-            requests.append(PutRequest("mail", key, mail.raw, "message/rfc822"))
+        if p.problem is None:  # parsed whole: ``p.sha256`` is the hash of ``mail.raw``
+            key = digest_key(p.sha256, prefix="mail", suffix=".eml")
+            requests.append(PutRequest("mail", key, mail.raw, "message/rfc822", p.sha256))
             owners.append((index, None))
         for position, attachment in enumerate(p.attachments):
             if request := _attachment_request(attachment):
@@ -148,8 +148,9 @@ def _attachment_request(attachment: ParsedAttachment) -> PutRequest | None:
     if attachment.skip_reason and not attachment.data:
         return None  # over a limit: recorded on its file row, never stored
     suffix = f".{attachment.extension}" if attachment.extension else ""
-    key = content_key(attachment.data, prefix="attachments", suffix=suffix)
-    return PutRequest("incoming", key, attachment.data, attachment.media_type)
+    digest = sha256_hex(attachment.data)
+    key = digest_key(digest, prefix="attachments", suffix=suffix)
+    return PutRequest("incoming", key, attachment.data, attachment.media_type, digest)
 
 
 async def commit_group(

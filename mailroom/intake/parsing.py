@@ -118,6 +118,7 @@ class ParsedAttachment:
 
 @dataclass
 class ParsedMail:
+    #: SHA-256 (hex) of the raw mail; of its header block alone when ``problem`` is set.
     sha256: str
     size: int
     message_id: str | None = None

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import stat
 
+from mailroom.adapters.imap import FetchedMail
 from mailroom.adapters.storage import FilesystemStore, PutRequest, StoredRef, content_key
-from mailroom.settings import StorageSettings
+from mailroom.intake import ingest, parsing
+from mailroom.settings import IntakeSettings, MailboxSettings, StorageSettings
 
 
 def _store(tmp_path) -> FilesystemStore:
@@ -141,3 +144,34 @@ async def test_a_forked_child_stores_objects_with_its_own_sync_threads(tmp_path)
 
     assert os.waitstatus_to_exitcode(status) == 0
     assert (tmp_path / store.bucket("mail") / key).read_bytes() == data
+
+
+async def test_a_group_hashes_each_mail_and_attachment_once(tmp_path, monkeypatch):
+    raw = (
+        b"From: a@example.com\r\nMessage-ID: <h@example.com>\r\nMIME-Version: 1.0\r\n"
+        b'Content-Type: multipart/mixed; boundary="b"\r\n\r\n--b\r\nContent-Type: text/plain'
+        b"\r\n\r\nhi\r\n--b\r\nContent-Type: text/csv\r\nContent-Disposition: attachment; "
+        b'filename="i.csv"\r\n\r\ninvoice_number,total\r\nA-1,1.50\r\n--b--\r\n'
+    )
+    limits = parsing.Limits.for_mailbox(
+        IntakeSettings(), MailboxSettings(name="m", host="h", username="u", password="p")
+    )
+    hashed: list[bytes] = []
+    real = hashlib.sha256
+
+    def counting(data: bytes = b"", **kwargs):
+        hashed.append(bytes(data))
+        return real(data, **kwargs)
+
+    monkeypatch.setattr(hashlib, "sha256", counting)
+    fetched = FetchedMail(7, raw, None)
+
+    prepared = await ingest.prepare_group([fetched], store=_store(tmp_path), limits=limits)
+
+    [mail] = prepared.mails
+    csv = b"invoice_number,total\r\nA-1,1.50"
+    assert sorted(hashed) == sorted([raw, csv])  # the store hashed neither again
+    assert mail.raw_ref is not None and mail.raw_ref.sha256 == real(raw).hexdigest()
+    [ref] = mail.refs
+    assert ref is not None and ref.sha256 == real(csv).hexdigest()
+    assert (tmp_path / ref.bucket / ref.key).read_bytes() == csv

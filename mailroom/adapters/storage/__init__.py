@@ -16,6 +16,7 @@ from mailroom.adapters.storage.store import (
     PutRequest,
     StoredRef,
     content_key,
+    digest_key,
     put_concurrently,
     sha256_hex,
 )
@@ -31,6 +32,7 @@ __all__ = [
     "StoredRef",
     "build_store",
     "content_key",
+    "digest_key",
     "put_concurrently",
     "sha256_hex",
 ]

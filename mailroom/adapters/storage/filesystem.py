@@ -77,17 +77,15 @@ class FilesystemStore(Buckets):
         try:
             for r in requests:
                 try:
-                    path = self._path(self.bucket(r.role), r.key)
-                    fd, folders = _write_object(path, r.data)
+                    bucket = self.bucket(r.role)
+                    path = self._path(bucket, r.key)
+                    digest = r.sha256 or sha256_hex(r.data)
+                    fd, folders = _write_object(path, r.data, digest)
                 except Exception as exc:  # reported for its own request, the others go on
                     outcomes.append(exc)
                     continue
                 written.append(_Written(len(outcomes), path, fd, folders))
-                outcomes.append(
-                    StoredRef(
-                        self.bucket(r.role), r.key, len(r.data), sha256_hex(r.data), r.media_type
-                    )
-                )
+                outcomes.append(StoredRef(bucket, r.key, len(r.data), digest, r.media_type))
         except BaseException:
             for w in written:
                 if w.fd is not None:
@@ -198,8 +196,8 @@ def _forget_pool() -> None:
 os.register_at_fork(after_in_child=_forget_pool)
 
 
-def _write_object(path: str, data: bytes) -> tuple[int | None, set[str]]:
-    """Write ``data`` at ``path`` unless the same bytes are already there.
+def _write_object(path: str, data: bytes, digest: str) -> tuple[int | None, set[str]]:
+    """Write ``data`` (SHA-256 ``digest``, hex) at ``path`` unless the same bytes are there.
 
     Returns the new file, open and not yet synced (None when no file was created),
     and the folders whose entries changed: the caller syncs both before it reports
@@ -209,7 +207,7 @@ def _write_object(path: str, data: bytes) -> tuple[int | None, set[str]]:
     try:
         fd, folders = _create(path)
     except FileExistsError:
-        if _same_content(path, data):
+        if _same_content(path, len(data), digest):
             return None, set()
         _replace_atomically(path, data)  # torn or foreign content left by an interrupted put
         return None, {os.path.dirname(path)}
@@ -221,12 +219,12 @@ def _write_object(path: str, data: bytes) -> tuple[int | None, set[str]]:
     return fd, folders
 
 
-def _same_content(path: str, data: bytes) -> bool:
+def _same_content(path: str, size: int, digest: str) -> bool:
     try:
         with open(path, "rb") as existing:
-            if os.fstat(existing.fileno()).st_size != len(data):
+            if os.fstat(existing.fileno()).st_size != size:
                 return False
-            return hashlib.file_digest(existing, "sha256").hexdigest() == sha256_hex(data)
+            return hashlib.file_digest(existing, "sha256").hexdigest() == digest
     except FileNotFoundError:
         return False
 

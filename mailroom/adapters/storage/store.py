@@ -35,7 +35,11 @@ def sha256_hex(data: bytes) -> str:
 
 def content_key(data: bytes, *, prefix: str, suffix: str = "") -> str:
     """``prefix/ab/abcdef…suffix``: the same bytes always land on the same key."""
-    digest = sha256_hex(data)
+    return digest_key(sha256_hex(data), prefix=prefix, suffix=suffix)
+
+
+def digest_key(digest: str, *, prefix: str, suffix: str = "") -> str:
+    """``content_key`` of bytes whose SHA-256 (hex) the caller has already computed."""
     return f"{prefix.strip('/')}/{digest[:2]}/{digest}{suffix}"
 
 
@@ -54,6 +58,9 @@ class PutRequest:
     key: str
     data: bytes
     media_type: str
+    #: SHA-256 of ``data`` (hex) when the caller has it: a store then hashes nothing again
+    #: (intake hashed each mail three times, 40 MB ones included).
+    sha256: str | None = None
 
 
 #: What ``put_many`` gives for each request: where it was stored, or why it was not.
