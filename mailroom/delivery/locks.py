@@ -16,6 +16,7 @@ import os
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from mailroom.errors import LeaseLost
@@ -98,7 +99,7 @@ class BatchLease:
         #: of that call, so its expiry is no earlier than this plus ``ttl_s``.
         self._extended_at: dict[int, float] = {}
         self._lost: dict[int, str] = {}
-        self._sending: dict[int, asyncio.Future[Any]] = {}
+        self._sending: dict[int, _Sending] = {}
         self._renewer: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> BatchLease:
@@ -130,24 +131,35 @@ class BatchLease:
     async def guard(self, message_id: int, work: Awaitable[T]) -> T:
         """Await ``work``; raise ``LeaseLost`` if the message's lock is lost meanwhile.
 
-        A cancellation from outside (worker shutdown) always propagates as such.
+        ``work`` runs in the calling task (a task of its own per send cost more CPU than
+        the rest of the guard): a lost lock cancels that task, and the cancellation is
+        taken back here. A cancellation from outside (worker shutdown) always propagates
+        as such.
         """
         if message_id in self._lost:
             if asyncio.iscoroutine(work):
                 work.close()
             raise LeaseLost(self._lost[message_id])
-        task = asyncio.ensure_future(work)
-        self._sending[message_id] = task
+        task = asyncio.current_task()
+        assert task is not None, "guard runs in a task"
+        cancelling = task.cancelling()
+        self._sending[message_id] = _Sending(task)
         try:
-            return await task
+            return await work
         except asyncio.CancelledError:
-            current = asyncio.current_task()
-            cancelling = current is not None and current.cancelling()
-            if message_id in self._lost and not cancelling:
-                raise LeaseLost(self._lost[message_id]) from None
+            sending = self._sending.get(message_id)
+            if sending is not None and sending.cancelled:
+                sending.cancelled = False  # our request taken back, once
+                if task.uncancel() <= cancelling:
+                    # Nobody else's since: this task goes on, with LeaseLost.
+                    raise LeaseLost(self._lost[message_id]) from None
             raise
         finally:
-            self._sending.pop(message_id, None)
+            sending = self._sending.pop(message_id, None)
+            if sending is not None and sending.cancelled:
+                # The work ended without our cancellation (it swallowed it, or turned it into
+                # another error): the request must not cancel this task's next await.
+                task.uncancel()
 
     async def _renew_forever(self) -> None:
         while True:
@@ -185,8 +197,17 @@ class BatchLease:
             self._extended_at.pop(message_id, None)
             self._lost[message_id] = reason
             sending = self._sending.get(message_id)
-            if sending is not None:
-                sending.cancel()
+            if sending is not None and not sending.cancelled:
+                sending.cancelled = True
+                sending.task.cancel()
+
+
+@dataclass(eq=False)
+class _Sending:
+    """A send under ``BatchLease.guard``: its task, and whether the lease cancelled it."""
+
+    task: asyncio.Task[Any]
+    cancelled: bool = False
 
 
 async def run_under_lease(

@@ -294,6 +294,56 @@ async def test_batch_lease_loses_one_message_without_touching_its_neighbours():
     assert renewed and all(3 not in ids for ids in renewed)
 
 
+async def test_a_lost_lock_stops_only_its_send_and_the_lane_goes_on():
+    # The send runs in the lane's own task: after LeaseLost the lane's next awaits are not
+    # cancelled, and a send that swallows the cancellation leaves nothing pending either.
+    async def renew(ids):
+        return set()
+
+    async def swallowing():
+        try:
+            await asyncio.sleep(5)
+        except asyncio.CancelledError:
+            return "swallowed"
+
+    async def lane(lease, message_id, work):
+        try:
+            outcome = await lease.guard(message_id, work)
+        except LeaseLost:
+            outcome = "lost"
+        await asyncio.sleep(0.01)  # would raise CancelledError with a request left over
+        return outcome, asyncio.current_task().cancelling()
+
+    async with BatchLease(renew, interval_s=0.02) as lease:
+        lease.hold([1, 2])
+        results = await asyncio.gather(
+            lane(lease, 1, asyncio.sleep(5)), lane(lease, 2, swallowing())
+        )
+    assert results == [("lost", 0), ("swallowed", 0)]
+
+
+async def test_an_outside_cancellation_during_a_lost_lock_still_propagates():
+    async def renew(ids):
+        return set()
+
+    async def work(started):
+        started.set()
+        try:
+            await asyncio.sleep(5)
+        finally:
+            await asyncio.sleep(0.1)  # cleaning up when the renewal finds the lock gone
+
+    async with BatchLease(renew, interval_s=0.02) as lease:
+        lease.hold([1])
+        started = asyncio.Event()
+        task = asyncio.create_task(lease.guard(1, work(started)))
+        await started.wait()
+        task.cancel()  # shutdown
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert lease.lost(1)  # both asked; the shutdown's cancellation wins
+
+
 async def test_batch_lease_sends_on_through_failed_renewals_while_the_lock_may_be_ours():
     # Redis unreachable for two renewals: the lock (TTL 3 intervals) was ours all along.
     calls: list[list[int]] = []
