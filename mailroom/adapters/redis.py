@@ -203,6 +203,15 @@ class AcquireResult:
         return self.state in ("acquired", "retaken")
 
 
+#: The results without a holder, built once: one per message was a cost of its own.
+_STATES = {state: AcquireResult(state) for state in ("delivered", "acquired", "retaken")}
+
+
+def _acquire_result(reply: list[str]) -> AcquireResult:
+    found = _STATES.get(reply[0]) if len(reply) == 1 else None
+    return found if found is not None else AcquireResult(*reply)
+
+
 class DeliveryRedis:
     """The delivery pipeline's Redis operations over one ``redis.asyncio`` client."""
 
@@ -268,7 +277,7 @@ class DeliveryRedis:
         async with translate_errors():
             replies = json.loads(await self._acquire_many(keys=keys, args=[token, ttl_ms]))
         return {
-            message_id: AcquireResult(*reply)
+            message_id: _acquire_result(reply)
             for message_id, reply in zip(message_ids, replies, strict=True)
         }
 

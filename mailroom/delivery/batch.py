@@ -48,7 +48,8 @@ class Claim:
     subject: str | None
     body: str
     attempts: int
-    chunks: dict[str, Any]
+    #: The chunk record (``mailroom.delivery.chunks``); None while it is empty.
+    chunks: dict[str, Any] | None
     last_error: str | None
     previous_status: str
     #: The batch the attempt belongs to (its connection and lease).

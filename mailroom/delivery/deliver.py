@@ -250,7 +250,7 @@ class Deliverer:
                 plan.mark(number, FAILED)
                 raise
             finally:
-                metrics.SEND_SECONDS.labels(claim.channel, claim.account).observe(
+                metrics.send_seconds(claim.channel, claim.account).observe(
                     time.perf_counter() - started
                 )
             plan.mark(number, SENT, provider_id)
@@ -262,7 +262,7 @@ class Deliverer:
         # Settled together with the batch's other successes ready now (Postgres first, then the delivered key).
         if not await claim.batch.succeed(claim, plan.record()):
             raise LeaseLost(f"message {claim.id} was taken over by a later attempt")
-        metrics.DELIVERED.labels(claim.channel, claim.account).inc()
+        metrics.delivered(claim.channel, claim.account).inc()
         logger.info(
             "Delivered message %s via %s/%s (%d chunk(s), attempt %d)",
             claim.id,

@@ -25,6 +25,8 @@ UNCERTAIN_ERROR = "delivery outcome unknown; verify with the recipient before re
 #: counted few open rows (a burst of new messages, not analyzed yet) was planned from the
 #: open-message index, re-running the locking subquery once per open row (20-50 ms for a
 #: claim of 50 among 4,000 open; 0.5 ms by primary key).
+#: A message's empty chunk record (every first attempt's) comes back as NULL: the driver
+#: parses no JSON for it.
 CLAIM = """
     WITH prev AS MATERIALIZED (
         SELECT id, status, next_retry_at FROM channel_message
@@ -38,7 +40,7 @@ CLAIM = """
        AND (prev.next_retry_at IS NULL
             OR prev.next_retry_at <= now() + make_interval(secs => CAST(%(due_slack_s)s AS float8)))
     RETURNING m.id, m.channel, m.account, m.recipient, m.subject, m.body, m.attempts,
-              m.chunks, m.last_error, prev.status AS previous_status
+              NULLIF(m.chunks, '{}'::jsonb) AS chunks, m.last_error, prev.status AS previous_status
     """
 
 #: The status of each of ``ids`` that exists (to tell missing, final and not-due apart).
