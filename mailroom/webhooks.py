@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hashlib
 import hmac
 import time
@@ -46,8 +47,12 @@ class WebhookVerificationError(ValueError):
     """
 
 
+@functools.lru_cache(maxsize=64)
 def secret_key(secret: str) -> bytes:
-    """The HMAC key of ``secret`` (``whsec_<base64>`` or a raw string); ``ValueError`` if weak."""
+    """The HMAC key of ``secret`` (``whsec_<base64>`` or a raw string); ``ValueError`` if weak.
+
+    Kept per secret: a sender signs every request with the same few.
+    """
     if secret.startswith(SECRET_PREFIX):
         try:
             key = base64.b64decode(secret[len(SECRET_PREFIX) :], validate=True)

@@ -50,6 +50,10 @@ MAX_ID_BODY_BYTES = 64 * 1024
 #: Longest wait a ``Retry-After`` header may ask for, in seconds.
 MAX_RETRY_AFTER_S = 3600.0
 
+#: The body's compact JSON, as ``json.dumps(..., separators=(",", ":"))`` writes it: kept, as
+#: ``dumps`` with any option builds an encoder per call.
+_JSON = json.JSONEncoder(separators=(",", ":"))
+
 
 @dataclass(frozen=True)
 class Reply:
@@ -98,7 +102,7 @@ class WebhookChannel:
         self._literal: list[Target] | None = None
 
     async def send(self, envelope: Envelope) -> str | None:
-        body = json.dumps(
+        body = _JSON.encode(
             {
                 "message_id": envelope.message_id,
                 "chunk": envelope.chunk,
@@ -106,8 +110,7 @@ class WebhookChannel:
                 "recipient": envelope.recipient,
                 "subject": envelope.subject,
                 "body": envelope.body,
-            },
-            separators=(",", ":"),
+            }
         ).encode()
         headers = {"Content-Type": "application/json", "Idempotency-Key": envelope.idempotency_key}
         if self.account.secrets:
@@ -215,6 +218,9 @@ async def _post_first_reachable(
 async def _read_at_most(response: aiohttp.ClientResponse, limit: int) -> bytes | None:
     """The whole body if it is at most ``limit`` bytes, else ``None``; a longer body is not
     read on (its connection is closed, not reused)."""
+    if response.content_length == 0:
+        # An empty answer (many receivers' 200 or 204) has nothing to wait for.
+        return b""
     parts: list[bytes] = []
     size = 0
     async for part in response.content.iter_any():
