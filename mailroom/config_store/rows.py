@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import func, select, text
+from sqlalchemy import bindparam, func, select, text
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
@@ -18,15 +18,15 @@ from mailroom.models import RuntimeConfig
 _NEXT_VERSION = text("nextval('runtime_config_version_seq')")
 
 
+#: ``version_of``'s query, built once: a delivery batch asks it each time.
+_VERSION = select(func.coalesce(func.max(RuntimeConfig.version), 0), func.count()).where(
+    RuntimeConfig.kind == bindparam("kind")
+)
+
+
 async def version_of(db: AsyncSession | AsyncConnection, kind: str) -> tuple[int, int]:
     """``(highest version, row count)`` of ``kind``: changes on any write, one cheap query."""
-    row = (
-        await db.execute(
-            select(func.coalesce(func.max(RuntimeConfig.version), 0), func.count()).where(
-                RuntimeConfig.kind == kind
-            )
-        )
-    ).one()
+    row = (await db.execute(_VERSION, {"kind": kind})).one()
     return int(row[0]), int(row[1])
 
 
