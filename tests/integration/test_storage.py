@@ -15,6 +15,8 @@ from mailroom.adapters.storage import (
     content_key,
     sha256_hex,
 )
+from mailroom.adapters.storage import filesystem as filesystem_module
+from mailroom.adapters.storage import s3 as s3_module
 from mailroom.errors import InvalidKey, ObjectNotFound
 from mailroom.settings import Settings, StorageSettings
 
@@ -105,6 +107,23 @@ async def test_put_many_stores_each_object_and_reports_an_unsafe_key_on_its_own(
     assert stored_second.sha256 == sha256_hex(second)
     assert await store.get(stored_first.bucket, stored_first.key) == first
     assert await store.get(stored_second.bucket, stored_second.key) == second
+
+
+async def test_put_many_takes_a_requests_digest_instead_of_hashing_again(store, monkeypatch):
+    data = b"hashed by the caller"
+    digest = sha256_hex(data)
+
+    def no_hashing(data: bytes) -> str:
+        raise AssertionError("the store hashed bytes the request gave the digest of")
+
+    monkeypatch.setattr(filesystem_module, "sha256_hex", no_hashing)
+    monkeypatch.setattr(s3_module, "sha256_hex", no_hashing)
+    key = f"attachments/{digest[:2]}/{digest}.txt"
+
+    [ref] = await store.put_many([PutRequest("incoming", key, data, "text/plain", digest)])
+
+    assert isinstance(ref, StoredRef) and ref.sha256 == digest
+    assert await store.get(ref.bucket, key) == data
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from mailroom.adapters.storage.store import (
     PutRequest,
     StoredRef,
     check_key,
-    put_concurrently,
+    gather_outcomes,
     sha256_hex,
 )
 from mailroom.errors import ObjectNotFound, PermanentError, StorageUnavailable
@@ -80,21 +80,26 @@ class S3Store(Buckets):
                     raise
         self._ready.add(bucket)
 
-    def _put(self, bucket: str, key: str, data: bytes, media_type: str) -> None:
+    def _put(self, bucket: str, r: PutRequest) -> str:
+        """Upload ``r``; its SHA-256, computed here (off the event loop) unless it came with it."""
         self._ensure_bucket(bucket)
-        self._client.put_object(Bucket=bucket, Key=key, Body=data, ContentType=media_type)
+        self._client.put_object(Bucket=bucket, Key=r.key, Body=r.data, ContentType=r.media_type)
+        return r.sha256 or sha256_hex(r.data)
 
     async def put(self, role: BucketRole, key: str, data: bytes, *, media_type: str) -> StoredRef:
-        bucket = self.bucket(role)
-        check_key(key)
-        try:
-            await asyncio.to_thread(self._put, bucket, key, data, media_type)
-        except Exception as exc:
-            raise self._translate(exc, f"put {bucket}/{key}") from exc
-        return StoredRef(bucket, key, len(data), sha256_hex(data), media_type)
+        return await self._put_request(PutRequest(role, key, data, media_type))
 
     async def put_many(self, requests: Sequence[PutRequest]) -> list[PutOutcome]:
-        return await put_concurrently(self, requests)
+        return await gather_outcomes([self._put_request(r) for r in requests])
+
+    async def _put_request(self, r: PutRequest) -> StoredRef:
+        bucket = self.bucket(r.role)
+        check_key(r.key)
+        try:
+            digest = await asyncio.to_thread(self._put, bucket, r)
+        except Exception as exc:
+            raise self._translate(exc, f"put {bucket}/{r.key}") from exc
+        return StoredRef(bucket, r.key, len(r.data), digest, r.media_type)
 
     def _get(self, bucket: str, key: str) -> bytes:
         response = self._client.get_object(Bucket=bucket, Key=key)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -105,10 +105,14 @@ class Buckets:
 
 async def put_concurrently(store: ObjectStore, requests: Sequence[PutRequest]) -> list[PutOutcome]:
     """``put_many`` from ``put``: every put at once, each outcome kept, cancellation propagated."""
-    results = await asyncio.gather(
-        *(store.put(r.role, r.key, r.data, media_type=r.media_type) for r in requests),
-        return_exceptions=True,
+    return await gather_outcomes(
+        [store.put(r.role, r.key, r.data, media_type=r.media_type) for r in requests]
     )
+
+
+async def gather_outcomes(puts: Sequence[Awaitable[StoredRef]]) -> list[PutOutcome]:
+    """Run ``puts`` at once: each one's ``StoredRef`` or error, in order; cancellation propagated."""
+    results = await asyncio.gather(*puts, return_exceptions=True)
     outcomes: list[PutOutcome] = []
     for result in results:
         if isinstance(result, Exception | StoredRef):
