@@ -62,9 +62,12 @@ async def poll_mailbox(mailbox: str) -> None:
     )
     outcome = await poll(str(mailbox), settings=intake, deps=deps)
     result = outcome.result
-    if result is not None and result.ingested:
+    if result is not None and result.final:
         # A mail with nothing to recognize is final at once: let its notification go out now
         # rather than at the next sweep (one pass for every mailbox's, ``request_notification_pass``).
+        # A mail with jobs becomes final when its last job ends, and that finisher asks for
+        # the pass: asked here too, every poll cost two Redis round trips and made the passes
+        # of a backlog look for settled stored mails over and over.
         await request_notification_pass()
     watch = result is not None and result.ingested and find_mailbox(intake, mailbox).idle
     if outcome.more_waiting or watch:

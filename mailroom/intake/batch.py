@@ -60,6 +60,8 @@ class BatchResult:
     ingested: int = 0
     duplicates: int = 0
     jobs: int = 0
+    #: Stored mails that opened no recognition job: final at once, their notifications due.
+    final: int = 0
     #: More new mail than ``batch_size`` was waiting.
     more_waiting: bool = False
     #: Seconds from the batch's start until it knew its new UIDs (connect, SELECT, SEARCH).
@@ -354,6 +356,8 @@ def _count(
             continue
         result.ingested += 1
         result.jobs += outcome.jobs
+        if outcome.jobs == 0:
+            result.final += 1
         jobs += outcome.jobs
         logger.info(
             "Mailbox %s: stored UID %d as mail %s with %d file(s), %d job(s)",

@@ -9,6 +9,7 @@ import time
 import psycopg
 import pytest
 import redis.asyncio as aioredis
+from dramatiq import Message
 
 import actors.intake
 import actors.resources
@@ -22,7 +23,7 @@ from mailroom.settings import (
     Settings,
     StorageSettings,
 )
-from tests.fixtures.imap import csv_mail
+from tests.fixtures.imap import csv_mail, make_mail
 
 pytestmark = pytest.mark.integration
 
@@ -88,6 +89,28 @@ def test_a_nudge_after_the_pass_started_queues_the_next_pass(
     assert _query(settings, "SELECT count(*) FROM inbound_mail") == [(2,)]
     # The jobs committed after the first pass started (and read) need a pass of their own.
     assert stub_broker.queues["outbox"].qsize() == 2
+
+
+def test_only_a_mail_with_nothing_to_recognize_asks_for_a_notification_pass(
+    settings, stub_broker, intake_worker, imap_server, imap_folder
+):
+    # Mails with jobs: their finishers ask for the pass once the jobs end, not the poll.
+    imap_server.append(imap_folder, csv_mail(0), csv_mail(1))
+    poll_mailbox.send("box")
+    stub_broker.join("intake", fail_fast=True)
+    intake_worker.join()
+    assert stub_broker.queues["mapping"].qsize() == 0
+
+    # A mail without attachments is final once stored: its pass is asked for at once.
+    imap_server.append(imap_folder, make_mail(2))
+    poll_mailbox.send("box")
+    stub_broker.join("intake", fail_fast=True)
+    intake_worker.join()
+    assert _query(settings, "SELECT count(*) FROM inbound_mail") == [(3,)]
+    passes = stub_broker.queues["mapping"]
+    assert passes.qsize() == 1
+    assert Message.decode(passes.get()).actor_name == "notify_final_mails"
+    assert stub_broker.dead_letters == []
 
 
 def test_the_mailboxes_are_read_once_while_their_rows_do_not_change(
