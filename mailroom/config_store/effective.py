@@ -17,7 +17,6 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionm
 
 from mailroom.config_store import kinds, rows
 from mailroom.config_store.secrets import Cipher
-from mailroom.db import autocommit
 from mailroom.errors import RuntimeConfigInvalid
 from mailroom.models import RuntimeConfig
 from mailroom.settings import (
@@ -137,8 +136,7 @@ class RuntimeAccounts:
 
     async def changed(self) -> Accounts | None:
         """The accounts when a row changed since the last call (the first call loads them)."""
-        async with autocommit(self.sessions) as connection:
-            version = await rows.version_of(connection, "account")
+        version = await rows.version_of(self.sessions, "account")
         if version == self._seen:
             return None
         # Read after the version: a write in between is simply loaded again next time.
@@ -186,8 +184,7 @@ class KeptByVersion(Generic[S]):
         self._settings: S | None = None
 
     async def get(self, sessions: Sessions, base: S, key: str) -> S:
-        async with autocommit(sessions) as connection:
-            seen = (key, await rows.version_of(connection, self.kind))
+        seen = (key, await rows.version_of(sessions, self.kind))
         same_source = self._sessions is sessions and self._base is base
         if self._settings is not None and same_source and self._seen == seen:
             return self._settings

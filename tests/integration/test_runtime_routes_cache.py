@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import psycopg
 import pytest
 from cryptography.fernet import Fernet
 from sqlalchemy import event
@@ -59,20 +60,30 @@ async def test_routes_are_kept_until_a_route_row_changes(db_sessions, monkeypatc
     assert len(reads) == 4
 
 
-async def test_an_unchanged_check_is_one_statement_outside_any_transaction(db_sessions):
+async def test_an_unchanged_check_is_one_statement_outside_any_transaction(
+    db_sessions, monkeypatch
+):
     cache = effective.runtime_routes()
     delivery = DeliverySettings(routes=[NotificationRoute(recipient="ops")])
     await cache.get(db_sessions, delivery, KEY)
     engine = db_sessions.kw["bind"].sync_engine
+    through_sqlalchemy: list[str] = []
     seen: list[tuple[str, bool]] = []
+    execute = psycopg.AsyncConnection.execute
 
     def statement(conn, cursor, sql, *args):
-        # In autocommit psycopg sends no BEGIN before it, nor a ROLLBACK at the end.
-        seen.append((sql.split()[0].upper(), conn.connection.dbapi_connection.autocommit))
+        through_sqlalchemy.append(sql)
 
+    async def spied(self, query, *args, **kwargs):
+        # In autocommit psycopg sends no BEGIN before it, nor a ROLLBACK at the end.
+        seen.append((str(query).split()[0].upper(), self.autocommit))
+        return await execute(self, query, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.AsyncConnection, "execute", spied)
     event.listen(engine, "before_cursor_execute", statement)
     try:
         await cache.get(db_sessions, delivery, KEY)
     finally:
         event.remove(engine, "before_cursor_execute", statement)
     assert seen == [("SELECT", True)]
+    assert through_sqlalchemy == []
