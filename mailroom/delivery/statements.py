@@ -17,6 +17,7 @@ UNCERTAIN_ERROR = "delivery outcome unknown; verify with the recipient before re
 # SQLAlchemy's execute cost more CPU than the statement.
 
 #: Claim many in one statement: count each attempt, mark it sending, return the status before.
+#: It returns the fields of ``mailroom.delivery.batch.Claim`` in their order.
 #: Rows not returned are missing, final, or not due yet. Row locks are taken in id order.
 #: Times are the database's (``mailroom/clock.py``); ``due_slack_s`` lets a retry come early.
 #: The rows are found by primary key and locked first (a materialized CTE, so no condition
