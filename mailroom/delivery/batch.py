@@ -3,9 +3,9 @@
 Each message of a batch runs the whole per-message protocol in its own lane;
 what the lanes of all the batches running on one event loop (one worker process)
 have ready at the same moment goes out together (``Rounds``): locks as one Redis
-call, claims as one ``UPDATE … WHERE id = ANY(…)``, successes as one fenced
-``UPDATE`` plus one Redis call (Postgres first: the delivered keys are only a
-cache of it). A worker runs its threads' batches side by side on one loop, so
+call followed at once by the claims of those taken as one ``UPDATE … WHERE id =
+ANY(…)``, successes as one fenced ``UPDATE`` plus one Redis call (Postgres first:
+the delivered keys are only a cache of it). A worker runs its threads' batches side by side on one loop, so
 sharing the round trips between them makes each one carry several batches'
 messages instead of a few of one batch's. A flush's error reaches the messages in
 that flush only.
@@ -17,9 +17,10 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -55,6 +56,17 @@ class Claim:
     batch: Batch = field(repr=False)
 
 
+class _Taken(NamedTuple):
+    """A lock round's answer for one message."""
+
+    lock: AcquireResult
+    #: ``time.monotonic()`` before the lock was asked for: it lives at least its TTL from then.
+    at: float
+    #: With the lock ours: the claimed row, why there is none (the message's status, or None
+    #: when it does not exist), or the error that stopped the claim. Else None.
+    claim: tuple[Any, ...] | str | Exception | None
+
+
 @dataclass(eq=False)  # hashed by identity: a key of the group commit
 class _Success:
     id: int
@@ -85,8 +97,7 @@ class Rounds:
         self.token = token
         self.ttl_ms = ttl_ms
         self.delivered_ttl_s = delivered_ttl_s
-        self._locks: Coalescer[int, AcquireResult] = Coalescer(self._lock_many)
-        self._claims: Coalescer[int, tuple[Any, ...] | str | None] = Coalescer(self._claim_many)
+        self._takes: Coalescer[int, _Taken] = Coalescer(self._take_many)
         self._successes: Coalescer[_Success, bool] = Coalescer(self._succeed_many)
         self._connection: AsyncConnection | None = None
         self._driver: psycopg.AsyncConnection[Any] | None = None
@@ -139,17 +150,25 @@ class Rounds:
                     await connection.close()
                 raise
 
-    async def lock(self, message_id: int) -> AcquireResult:
-        return await self._locks.submit(message_id)
-
-    async def claim(self, message_id: int) -> tuple[Any, ...] | str | None:
-        return await self._claims.submit(message_id)
+    async def take(self, message_id: int) -> _Taken:
+        return await self._takes.submit(message_id)
 
     async def succeed(self, message_id: int, attempts: int, chunks: dict[str, Any]) -> bool:
         return await self._successes.submit(_Success(message_id, attempts, chunks))
 
-    async def _lock_many(self, message_ids: Sequence[int]) -> dict[int, AcquireResult]:
-        return await self.redis.acquire_locks(message_ids, token=self.token, ttl_ms=self.ttl_ms)
+    async def _take_many(self, message_ids: Sequence[int]) -> dict[int, _Taken]:
+        # One round for both: the claims follow their locks at once, not a turn of the loop
+        # and a wake-up of each lane later (a Redis error reaches every message of the round).
+        at = time.monotonic()
+        locks = await self.redis.acquire_locks(message_ids, token=self.token, ttl_ms=self.ttl_ms)
+        ours = [mid for mid in message_ids if locks[mid].ours]
+        claims: dict[int, tuple[Any, ...] | str | Exception | None] = {}
+        if ours:
+            try:
+                claims.update(await self._claim_many(ours))
+            except Exception as exc:  # each lane releases its lock and raises it
+                claims = dict.fromkeys(ours, exc)
+        return {mid: _Taken(locks[mid], at, claims.get(mid)) for mid in message_ids}
 
     async def _claim_many(
         self, message_ids: Sequence[int]
@@ -212,22 +231,22 @@ class Batch:
                 )
             return await self._connection.execute(statement, params)
 
-    async def lock(self, message_id: int) -> AcquireResult:
-        """Take the message's processing lock (or learn it is settled or held)."""
-        return await self.rounds.lock(message_id)
+    async def take(self, message_id: int) -> tuple[AcquireResult, Claim | str | Exception | None]:
+        """Take the message's processing lock and, when it is ours, claim the message: count
+        an attempt and mark it sending (committed at once). A lock taken is held by the lease.
 
-    async def claim(self, message_id: int) -> Claim | str | None:
-        """Count an attempt of the message and mark it sending (committed at once).
-
-        Returns the claim, or why there is none: the message's status (final, or
-        not due yet), or None when the message does not exist.
+        Returns the lock's state (settled, ours, or held by someone else) and, with the lock
+        ours, the claim or why there is none: the message's status (final, or not due yet),
+        None when the message does not exist, or the error that stopped the claim.
         """
-        found = await self.rounds.claim(message_id)
+        lock, at, found = await self.rounds.take(message_id)
+        if lock.ours:
+            self.lease.hold([message_id], at=at)
         if not isinstance(found, tuple):
-            return found
+            return lock, found
         # CLAIM returns the fields in their order.
         id_, channel, account, recipient, subject, body, attempts, chunks, error, before = found
-        return Claim(
+        return lock, Claim(
             id_, channel, account, recipient, subject, body, attempts, chunks, error, before, self
         )
 

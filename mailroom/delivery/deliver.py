@@ -171,7 +171,7 @@ class Deliverer:
             await asyncio.gather(*(deliver_next() for _ in range(lanes)))
 
     async def _deliver_one(self, batch: Batch, message_id: int) -> Outcome:
-        lock = await batch.lock(message_id)
+        lock, claim = await batch.take(message_id)
         if lock.state == "delivered":
             return Outcome.SETTLED
         if not lock.ours:
@@ -179,14 +179,11 @@ class Deliverer:
                 "Message %s is locked by %s; leaving it", message_id, describe_holder(lock.holder)
             )
             return Outcome.HELD
-        batch.lease.hold([message_id])
-        try:
-            claim = await batch.claim(message_id)
-        except BaseException:
+        if isinstance(claim, Exception):
             # Nothing was sent: let the next attempt in at once. A failing release must not
             # replace the error that got us here.
             await self._release_quietly(batch.lease, message_id)
-            raise
+            raise claim
         if not isinstance(claim, Claim):
             await self._release(batch.lease, message_id)
             return _unclaimed(message_id, claim)

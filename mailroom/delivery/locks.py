@@ -112,12 +112,13 @@ class BatchLease:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._renewer
 
-    def hold(self, message_ids: Iterable[int]) -> None:
-        """Renew the locks of ``message_ids``, just taken, until ``release``."""
-        now = time.monotonic()
+    def hold(self, message_ids: Iterable[int], *, at: float | None = None) -> None:
+        """Renew the locks of ``message_ids``, taken just now (or ``at``, by ``time.monotonic()``,
+        before they were asked for), until ``release``."""
+        taken_at = time.monotonic() if at is None else at
         for message_id in message_ids:
             self.held.add(message_id)
-            self._extended_at[message_id] = now
+            self._extended_at[message_id] = taken_at
 
     def release(self, message_id: int) -> None:
         """Stop renewing (call before the lock is deleted, so a renewal racing it is no loss)."""

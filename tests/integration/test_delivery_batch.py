@@ -179,8 +179,9 @@ async def test_batches_running_side_by_side_share_their_round_trips(
     )
     assert {**first.outcomes, **second.outcomes} == dict.fromkeys(ids, Outcome.DELIVERED)
     rounds = deliverer._shared
-    # As a worker's threads run their batches on one loop: their locks and claims went together.
-    assert (rounds._locks.flushes, rounds._claims.flushes) == (1, 1)
+    # As a worker's threads run their batches on one loop: their locks and claims went together
+    # (one round: the locks, then at once the claims of those taken).
+    assert rounds._takes.flushes == 1
     for message_id in ids:
         assert (await load_message(delivery_sessions, message_id)).status == "delivered"
 
@@ -278,3 +279,29 @@ async def test_a_claim_finds_its_rows_by_primary_key_among_many_open_messages(de
     # From the open-message index, the locking subquery ran once per open message.
     assert "ix_channel_message_open" not in str(plan)
     assert "pk_channel_message" in str(plan)
+
+
+async def test_a_failed_claim_round_releases_its_locks_and_retries_each_message(
+    deliverer, delivery_sessions, keys, outbound, monkeypatch
+):
+    # The locks went out, then the claims of that round failed (Postgres gone mid-round).
+    ids = [await make_message(delivery_sessions, body=f"hello {n}") for n in range(3)]
+    rounds = deliverer._rounds()
+    claim_many = rounds._claim_many
+
+    async def postgres_down(message_ids: Any) -> Any:
+        raise ServiceUnavailable("database unavailable: connection reset by peer")
+
+    monkeypatch.setattr(rounds, "_claim_many", postgres_down)
+    result = await deliverer.deliver_many(ids)
+
+    assert result.outcomes == dict.fromkeys(ids, Outcome.DEFERRED)
+    assert set(result.retries) == set(ids)
+    assert outbound.sent == []
+    for message_id in ids:
+        row = await load_message(delivery_sessions, message_id)
+        assert (row.status, row.attempts) == ("pending", 0)
+        assert not await keys.client.exists(keys.keys.lock(message_id))  # let in at once
+    monkeypatch.setattr(rounds, "_claim_many", claim_many)
+    again = await deliverer.deliver_many(ids)
+    assert again.outcomes == dict.fromkeys(ids, Outcome.DELIVERED)
