@@ -20,6 +20,11 @@ figure is its own), a warm intake reads one 41 MB mail with a 30 MB attachment (
 Durable by default: Postgres with fsync and synchronous commit on, the object store on
 disk (``--fast``: fsync off, state in /dev/shm; the first line says which).
 
+A round's system CPU per mail is mostly the object store's new files. On ext4 without a
+journal, creating a file within about 30 s of many deletions (another run's cleanup of
+its state) scans past each inode freed then (``recently_deleted``): a round that
+follows such a cleanup shows twice the system CPU or more, and its wall time with it.
+
 Usage: ``uv run python bench/intake.py [--mails N] [--rounds N] [--quick] [--fast]``. The last lines
 are ``RESULT intake ratio=<intake/raw> target=0.5`` and
 ``RESULT intake_big_mail_rss_mib value=<MiB> target=64``.
