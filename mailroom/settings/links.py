@@ -20,6 +20,7 @@ from mailroom.settings.base import (
 
 class DatabaseSettings(StrictModel):
     url: str = f"postgresql+psycopg://postgres@127.0.0.1:{DEV_POSTGRES_PORT}/mailroom"
+    #: Connections a process keeps open; a worker keeps at least one per thread (its actors).
     pool_size: int = 5
     #: Longest a statement may run before Postgres cancels it, in milliseconds.
     statement_timeout_ms: int = 30_000
