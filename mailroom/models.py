@@ -127,6 +127,9 @@ class InboundMail(Base):
             "finalized_at",
             postgresql_where=text("status = 'final' AND notified_at IS NULL"),
         ),
+        # Stored mails, for the settle check of each notification pass: without it the pass
+        # read every mail ever ingested (nearly all final) to find the few still stored.
+        Index("ix_inbound_mail_stored", "id", postgresql_where=text("status = 'stored'")),
         # The retention pass's candidates: mails whose objects are still stored.
         Index(
             "ix_inbound_mail_retention",

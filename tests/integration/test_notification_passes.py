@@ -124,3 +124,47 @@ async def test_settled_mails_past_one_pass_leave_the_settle_mark_for_the_next(
     await notify_final_mails(sessions=db_sessions, redis=client, settings=delivery, settle=False)
 
     assert await notified(recognition_factory) == {first, second}
+
+
+async def test_the_settle_check_reads_the_stored_mails_only_not_the_history(
+    recognition_factory, db_sessions
+):
+    from sqlalchemy import text
+
+    from mailroom.db import autocommit
+    from mailroom.recognition.finality import _SETTLED_STORED_MAILS, finalize_settled_mails
+
+    # A history of final mails, and a few still stored, with their statistics taken
+    history = await recognition_factory.create_mail(status="final")
+    waiting = [await recognition_factory.create_mail() for _ in range(3)]
+    async with autocommit(db_sessions) as connection:
+        await connection.execute(
+            text(
+                "INSERT INTO inbound_mail (cursor_id, uidvalidity, uid, subject, status) "
+                "SELECT cursor_id, 1, 100000 + n, 'old', 'final' "
+                "FROM inbound_mail, generate_series(1, 20000) AS n WHERE id = :id"
+            ),
+            {"id": history},
+        )
+        await connection.execute(text("ANALYZE inbound_mail"))
+        [plan] = (
+            await connection.exec_driver_sql(
+                "EXPLAIN (FORMAT JSON) " + str(_SETTLED_STORED_MAILS).replace(":limit", "500")
+            )
+        ).scalar_one()
+
+    # Then the check finds them through the stored mails' index, not by reading every mail
+    scans = [
+        (node["Node Type"], node.get("Relation Name"), node.get("Index Name"))
+        for node in _plan_nodes(plan["Plan"])
+    ]
+    assert any(index == "ix_inbound_mail_stored" for _, _, index in scans), scans
+    assert ("Seq Scan", "inbound_mail", None) not in scans, scans
+    async with db_sessions() as session, session.begin():
+        assert await finalize_settled_mails(session) == waiting
+
+
+def _plan_nodes(node):
+    yield node
+    for child in node.get("Plans", []):
+        yield from _plan_nodes(child)
