@@ -24,7 +24,7 @@ from actors.retry_policy import RetryPolicy
 from bridges.nats import NatsBridge
 from mailroom.adapters.nats import NatsClient
 from mailroom.adapters.storage import build_store
-from tests.fixtures.recognition import drain_recognition, make_settings
+from tests.fixtures.recognition import drain_recognition, join_stub, make_settings
 
 pytestmark = pytest.mark.integration
 
@@ -158,7 +158,7 @@ async def test_batch_isolates_bad_items_and_a_message_the_database_refuses(
             stub_broker.join(queues.INBOX, fail_fast=False)
             stub_worker.join()
 
-    await asyncio.to_thread(join)
+    await join_stub(join, stub_broker)
 
     assert {(await recognition_factory.job(r.job_id))["status"] for r in refs} == {"processing"}
     assert (await recognition_factory.job(poison.job_id))["status"] == "processing"
@@ -335,7 +335,7 @@ async def test_a_mapping_batch_sends_its_poison_on_alone_and_requests_one_notifi
                 stub_broker.join(queue, fail_fast=False)
             stub_worker.join()
 
-    await asyncio.to_thread(join)
+    await join_stub(join, stub_broker)
 
     statuses = [(await recognition_factory.file(r.file_id))["status"] for r in refs]
     assert statuses == ["RECOGNIZED", "PROCESSING", "RECOGNIZED"]
