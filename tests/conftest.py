@@ -98,7 +98,21 @@ def _detach_stopped_workers() -> Iterator[None]:
 def stub_broker() -> StubBroker:
     assert isinstance(broker, StubBroker)
     broker.flush_all()
+    forget_taken_messages(broker)
     return broker
+
+
+def forget_taken_messages(stub: StubBroker) -> None:
+    """Clear what the queues still count as taken but never acked.
+
+    A worker that stops drops the messages its consumers had taken but not run (the
+    StubBroker's consumer cannot requeue them), and each stays counted as unfinished
+    in its queue: a later test's ``join`` on that queue then waited for it forever.
+    """
+    for queue in stub.queues.values():  # the delay queues too
+        with queue.all_tasks_done:
+            queue.unfinished_tasks = 0
+            queue.all_tasks_done.notify_all()
 
 
 @pytest.fixture
