@@ -80,6 +80,11 @@ def main(argv: list[str] | None = None, *, settings: Settings | None = None) -> 
     configure_logging(settings or Settings(), process="worker-main")
     args = make_argument_parser().parse_args(argv)  # type: ignore[no-untyped-call]
     import_shared_modules(args.queues)
+    # Dramatiq's main process writes its workers' output to its stderr unless it has a log
+    # file: they then write theirs there themselves (log_format.CurrentStderrHandler).
+    from mailroom import log_format  # configure_logging above imported it
+
+    log_format.workers_write_stderr = args.log_file is None
     reloadable_argv()  # after the parse above, which reads sys.argv when argv is None
     return int(dramatiq_main(args) or 0)  # type: ignore[no-untyped-call]
 

@@ -9,6 +9,8 @@ traceback, and whatever context filters add (a worker adds ``actor`` and
 from __future__ import annotations
 
 import logging
+import os
+import select
 import sys
 from datetime import UTC, datetime
 from typing import Any
@@ -26,12 +28,28 @@ JSON_FIELDS = {
 }
 
 
+#: Set by ``mailroom.dramatiq_main`` before Dramatiq forks its worker processes, when its
+#: main process writes their output to its own stderr (no ``--log-file``): the workers then
+#: write their records to that stderr themselves (``CurrentStderrHandler``).
+workers_write_stderr = False
+
+
 class CurrentStderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
     """Writes to whatever ``sys.stderr`` is at the time of the record.
 
     Dramatiq's worker processes swap ``sys.stderr`` for the pipe their parent
-    reads; a handler they inherit by fork then still writes into that pipe.
+    reads, and the parent reads each line, decodes it and writes it again to its own
+    stderr: measured at INFO in the delivery bench, about 50 µs of the worker tree's CPU
+    per line (a "Delivered message" line per message), a fifth of its work. When
+    ``workers_write_stderr`` is set, a worker process writes a record in one
+    ``write`` to the stderr it inherited (``fd``, where the parent would have written it)
+    instead. Lines of several processes stay whole: one write of at most ``PIPE_BUF``
+    bytes goes into a pipe whole, and appends to a file do not mix; a longer record (a long
+    traceback) goes through the parent's pipe as before.
     """
+
+    #: The inherited stderr a worker process writes to.
+    fd = 2
 
     def __init__(self) -> None:
         logging.Handler.__init__(self)
@@ -43,6 +61,23 @@ class CurrentStderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
     @stream.setter
     def stream(self, value: Any) -> None:
         pass
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not workers_write_stderr or sys.stderr is sys.__stderr__:
+            super().emit(record)  # not a Dramatiq worker process: sys.stderr is the real one
+            return
+        try:
+            text = self.format(record) + self.terminator
+            data = text.encode("utf-8", errors="replace")
+            if len(data) > select.PIPE_BUF:
+                sys.stderr.write(text)
+                return
+            while data:
+                data = data[os.write(self.fd, data) :]
+        except RecursionError:
+            raise
+        except Exception:
+            self.handleError(record)
 
 
 class ProcessName(logging.Filter):

@@ -151,3 +151,44 @@ def test_plain_dramatiq_worker_processes_log_json(tmp_path):
     records = _objects("\n".join(worker_lines))
     ready = next(r for r in records if r["message"] == "Worker process is ready for action.")
     assert ready["process"] == "worker"
+
+
+class _ParentPipe(io.StringIO):
+    """What Dramatiq makes a worker process's ``sys.stderr``: the pipe its parent reads."""
+
+
+def test_a_worker_process_writes_its_records_to_the_inherited_stderr_itself(monkeypatch):
+    from mailroom import log_format
+
+    read_end, write_end = os.pipe()
+    parent = _ParentPipe()
+    monkeypatch.setattr(log_format, "workers_write_stderr", True)
+    monkeypatch.setattr(sys, "stderr", parent)
+    handler = log_format.CurrentStderrHandler()
+    handler.fd = write_end
+    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+    record = logging.LogRecord("mailroom.x", logging.INFO, __file__, 1, "Delivered %s", (7,), None)
+    long = logging.LogRecord("mailroom.x", logging.ERROR, __file__, 1, "x" * 5000, None, None)
+    try:
+        # A line goes to the inherited stderr in one write; the parent's pipe gets nothing
+        handler.emit(record)
+        assert os.read(read_end, 65536) == b"INFO Delivered 7\n"
+        assert parent.getvalue() == ""
+        # A record longer than one atomic pipe write goes through the parent, whole
+        handler.emit(long)
+        assert parent.getvalue() == "ERROR " + "x" * 5000 + "\n"
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
+def test_outside_a_worker_process_records_go_to_sys_stderr(monkeypatch):
+    from mailroom import log_format
+
+    monkeypatch.setattr(log_format, "workers_write_stderr", False)
+    parent = _ParentPipe()
+    monkeypatch.setattr(sys, "stderr", parent)
+    handler = log_format.CurrentStderrHandler()
+    handler.fd = -1  # never written: a write to it would fail
+    handler.emit(logging.LogRecord("mailroom.x", logging.INFO, __file__, 1, "hello", None, None))
+    assert parent.getvalue() == "hello\n"
