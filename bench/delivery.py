@@ -126,10 +126,8 @@ class Bench:
             "MAILROOM_DELIVERY__WEBHOOK_ALLOWED_HOSTS": json.dumps(["127.0.0.1"]),
             "MAILROOM_DELIVERY__WEBHOOK_ALLOW_HTTP": "true",
             "MAILROOM_DATABASE__URL": self.postgres.url(),
-            "MAILROOM_DATABASE__POOL_SIZE": "10",
             "MAILROOM_REDIS__URL": self.redis_server.url,
             "MAILROOM_BROKER__KIND": "redis",
-            "MAILROOM_LOG__LEVEL": "WARNING",
             "MAILROOM_STATE_DIR": str(state / "mailroom"),
         }
         os.environ.update(self.env)  # this process builds the same broker

@@ -289,7 +289,6 @@ def main() -> None:
                 MAILROOM_DELIVERY__ROUTES=json.dumps(
                     [{"channel": "webhook", "recipient": "bench", "subject": "{mail_subject}"}]
                 ),
-                MAILROOM_LOG__LEVEL="WARNING",
             )
             env = dev_defaults(env, imap, "bench")
             (base / "logs").mkdir()

@@ -87,7 +87,9 @@ def main() -> None:
         default=[],
         help="leave this process out (e.g. worker: intake's own bound, nothing downstream)",
     )
-    parser.add_argument("--log-level", default="WARNING", help="the processes' log level")
+    parser.add_argument(
+        "--log-level", default="INFO", help="the processes' log level (default: as mailroom dev)"
+    )
     parser.add_argument(
         "--keep-logs", type=Path, default=None, help="copy the processes' logs to this folder"
     )

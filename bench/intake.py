@@ -174,6 +174,20 @@ async def _no_nudge() -> None:
     return None
 
 
+def log_like_the_worker(path: Path) -> None:
+    """Log as ``mailroom dev``'s intake worker does: INFO lines (one per mail stored) to a
+    file in its format; the console keeps only warnings."""
+    from mailroom.observability import LOG_FORMAT
+
+    root = logging.getLogger()
+    for handler in root.handlers:
+        handler.setLevel(logging.WARNING)
+    to_file = logging.FileHandler(path)
+    to_file.setFormatter(logging.Formatter(LOG_FORMAT))
+    root.addHandler(to_file)
+    root.setLevel(logging.INFO)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mails", type=int, default=2000)
@@ -195,6 +209,7 @@ def main() -> int:
     # Durable by default, as production runs; the object store's two new files per mail cost
     # kernel time on ext4 that varies with the disk's history, so each round prints CPU per mail.
     workdir = durability.state_dir(args, "bench-intake-")
+    log_like_the_worker(workdir / "intake.log")
     postgres = EmbeddedPostgres(workdir / "postgres", fast=args.fast, database="bench")
     pymap: subprocess.Popen[bytes] | None = None
     try:

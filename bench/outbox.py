@@ -405,9 +405,7 @@ def main() -> int:
             env.update(
                 {
                     "MAILROOM_STATE_DIR": str(state),
-                    "MAILROOM_LOG__LEVEL": "WARNING",
                     "MAILROOM_DATABASE__URL": postgres.url(),
-                    "MAILROOM_DATABASE__POOL_SIZE": "10",
                     "MAILROOM_REDIS__URL": redis_server.url,
                     "MAILROOM_BROKER__KIND": "redis",
                     "MAILROOM_NATS__URL": nats_server.url,
