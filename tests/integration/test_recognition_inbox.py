@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import uuid
 from datetime import timedelta
@@ -547,3 +548,25 @@ async def test_batch_statements_do_not_grow_with_its_messages_and_the_time_is_th
         job = await recognition_factory.job(ref.job_id)
         assert job["status"] == "done" and job["finished_at"] <= db_time
         assert (await recognition_factory.file(ref.file_id))["updated_at"] <= db_time
+
+
+async def test_routine_answers_log_one_info_line_a_batch_and_the_unusual_one_each(
+    db_sessions, recognition_factory, published, mailroom_logs
+):
+    # An ack and a done result: one INFO line each, the counts of their batch
+    await apply(db_sessions, body(published, "processing"), msg_id(published, "ack"))
+    await apply(db_sessions, body(published, "done"), msg_id(published, "result"))
+    assert mailroom_logs.messages(logging.INFO) == [
+        "Recognition batch applied 1 ack(s) and 0 result(s)",
+        "Recognition batch applied 0 ack(s) and 1 result(s) (done 1)",
+    ]
+    assert any(str(published.job_id) in m for m in mailroom_logs.messages(logging.DEBUG))
+
+    # An error result also gets a line of its own, with the job's id
+    failing = await recognition_factory.create_job(status="published", reply_deadline="2999-01-01")
+    error = {"code": "BROKEN", "message": "unreadable"}
+    await apply(db_sessions, body(failing, "error", error=error), msg_id(failing, "result"))
+    assert mailroom_logs.messages(logging.INFO)[2:] == [
+        f"Recognition job {failing.job_id} result applied: error",
+        "Recognition batch applied 0 ack(s) and 1 result(s) (error 1)",
+    ]
