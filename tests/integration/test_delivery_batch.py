@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -71,11 +72,14 @@ def deliverer(delivery_sessions, keys, delivery_settings, outbound):
 
 
 async def test_a_batch_delivers_every_message_and_settles_each(
-    deliverer, delivery_sessions, keys, outbound
+    deliverer, delivery_sessions, keys, outbound, mailroom_logs
 ):
     ids = [await make_message(delivery_sessions, body=f"hello {n}") for n in range(30)]
     result = await deliverer.deliver_many([*ids, ids[0]])  # a duplicate is delivered once
     assert result.outcomes == dict.fromkeys(ids, Outcome.DELIVERED) and result.retries == {}
+    # One INFO line for the batch; each delivery is a DEBUG line with its message's id
+    assert mailroom_logs.messages(logging.INFO) == ["Delivery batch: 30 delivered"]
+    assert sum("Delivered message" in m for m in mailroom_logs.messages(logging.DEBUG)) == 30
     assert sorted(e.message_id for e in outbound.sent) == ids
     for message_id in ids:
         row = await load_message(delivery_sessions, message_id)
