@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import json
 import logging
 import os
@@ -302,8 +301,7 @@ def as_deployed_worker() -> None:
     not pay (dramatiq_main). Both sides of the ratio run after this: like with like.
     """
     gc_policy.tune()
-    gc.collect()
-    gc.freeze()
+    gc_policy.freeze_loaded()
 
 
 def run_inbox(

@@ -12,7 +12,6 @@ the processes share those pages instead of each importing them again.
 
 from __future__ import annotations
 
-import gc
 import importlib
 import os
 import sys
@@ -54,10 +53,7 @@ def import_shared_modules(queues: Sequence[str] | None = None) -> None:
         names += DELIVERY_IMPORTS
     for name in names:
         importlib.import_module(name)
-    # A fork shares the parent's memory until it writes to it; the collector's passes write
-    # to every object they visit, so each worker would copy the shared modules page by page.
-    gc.collect()
-    gc.freeze()
+    gc_policy.freeze_loaded()
 
 
 def reloadable_argv() -> None:

@@ -23,3 +23,14 @@ OLDER_THRESHOLDS = (20, 20)
 def tune() -> None:
     """Rarer collections for this process; call it first in a long-running process."""
     gc.set_threshold(YOUNG_THRESHOLD, *OLDER_THRESHOLDS)
+
+
+def freeze_loaded() -> None:
+    """Collect once, then keep the collector off everything loaded so far.
+
+    A fork shares the parent's memory until it writes to it; the collector's passes write
+    to every object they visit, so each forked worker would copy the shared modules page by
+    page, and each pass would walk them again.
+    """
+    gc.collect()
+    gc.freeze()
