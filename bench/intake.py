@@ -175,17 +175,21 @@ async def _no_nudge() -> None:
 
 
 def log_like_the_worker(path: Path) -> None:
-    """Log as ``mailroom dev``'s intake worker does: INFO lines (one per mail stored) to a
-    file in its format; the console keeps only warnings."""
-    from mailroom.observability import LOG_FORMAT
+    """Log as ``mailroom dev``'s intake worker does (``configure_logging``: INFO, one line per
+    mail stored, its format and filters), into a file; the console keeps only warnings."""
+    from mailroom.observability import configure_logging
 
     root = logging.getLogger()
-    for handler in root.handlers:
-        handler.setLevel(logging.WARNING)
+    for handler in list(root.handlers):  # the bench's own console handler: the worker's instead
+        root.removeHandler(handler)
+    configure_logging(Settings(), process="worker-intake")
     to_file = logging.FileHandler(path)
-    to_file.setFormatter(logging.Formatter(LOG_FORMAT))
+    for handler in root.handlers:
+        to_file.setFormatter(handler.formatter)
+        for log_filter in handler.filters:
+            to_file.addFilter(log_filter)
+        handler.setLevel(logging.WARNING)
     root.addHandler(to_file)
-    root.setLevel(logging.INFO)
 
 
 def main() -> int:
