@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import signal
@@ -77,7 +78,6 @@ async def test_put_many_reports_a_failed_object_and_stores_the_others(tmp_path):
 
 def _recording_fsyncs(monkeypatch, fail_on: str | None = None) -> list[str]:
     """Paths fsynced, in order; an fsync of a path ending in ``fail_on`` raises EIO."""
-    import errno
 
     synced: list[str] = []
     real_fsync = os.fsync
@@ -127,6 +127,37 @@ async def test_an_object_whose_file_cannot_be_synced_is_reported_and_removed(tmp
     # Not left behind: its bytes may sit only in the page cache, so a later put must rewrite it.
     assert not (tmp_path / store.bucket("mail") / bad_key).exists()
     assert (tmp_path / stored.bucket / good_key).read_bytes() == good
+
+
+async def test_each_failed_sync_is_reported_for_its_own_objects_among_many(tmp_path, monkeypatch):
+    # More syncs than sync threads, so they are dealt out in runs: each outcome must still go
+    # to the object it belongs to. One file fails, and one folder (every object under it).
+    from mailroom.adapters.storage.filesystem import SYNC_THREADS
+
+    blobs = [b"object %d" % n for n in range(3 * SYNC_THREADS)]
+    keys = [content_key(b, prefix="mail") for b in blobs]
+    bad_file = keys[5].rsplit("/", 1)[1]
+    bad_folder = keys[17].rsplit("/", 2)[1]
+    in_bad_folder = {k for k in keys if k.rsplit("/", 2)[1] == bad_folder}
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        if path.endswith((bad_file, "/" + bad_folder)):
+            raise OSError(errno.EIO, "injected", path)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+
+    outcomes = await _store(tmp_path).put_many(
+        [PutRequest("mail", k, b, "text/plain") for k, b in zip(keys, blobs, strict=True)]
+    )
+
+    failed = {k for k, outcome in zip(keys, outcomes, strict=True) if isinstance(outcome, OSError)}
+    assert failed == {keys[5]} | in_bad_folder
+    for key, outcome in zip(keys, outcomes, strict=True):
+        if key not in failed:
+            assert isinstance(outcome, StoredRef) and outcome.key == key
 
 
 async def test_a_forked_child_stores_objects_with_its_own_sync_threads(tmp_path):

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import os
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -139,23 +140,43 @@ def _sync_together(written: list[_Written]) -> list[Exception | None]:
 
     Syncs issued together share the filesystem's journal commits and the disk's cache
     flushes, where one after another each pays its own: on ext4 a group's 50 new files
-    and their folders sync about ten times faster this way.
+    and their folders sync about ten times faster this way. The syncs are dealt out in
+    at most ``SYNC_THREADS`` runs, one task each, the first in this thread: a task per
+    sync cost more Python (futures, locks, thread wake-ups) than the sync's own system call.
     """
     if not written:
         return []
-    pool = _sync_pool()
-    files = [pool.submit(_sync_file, w.fd, w.path) if w.fd is not None else None for w in written]
-    folders = {
-        folder: pool.submit(_fsync_folder_or_error, folder)
-        for folder in sorted({f for w in written for f in w.folders})
-    }
+    files = [(w.fd, w.path) for w in written if w.fd is not None]
+    folders = sorted({f for w in written for f in w.folders})
+    syncs: list[Callable[[], Exception | None]] = [
+        functools.partial(_sync_file, fd, path) for fd, path in files
+    ]
+    syncs += [functools.partial(_fsync_folder_or_error, folder) for folder in folders]
+    outcomes = _run_spread(syncs)
+    file_errors = dict(zip((fd for fd, _ in files), outcomes, strict=False))
+    folder_errors = dict(zip(folders, outcomes[len(files) :], strict=True))
     errors: list[Exception | None] = []
-    for w, file in zip(written, files, strict=True):
-        error = file.result() if file is not None else None
+    for w in written:
+        error = file_errors[w.fd] if w.fd is not None else None
         for folder in w.folders:
-            error = error or folders[folder].result()
+            error = error or folder_errors[folder]
         errors.append(error)
     return errors
+
+
+def _run_spread(syncs: list[Callable[[], Exception | None]]) -> list[Exception | None]:
+    """Each of ``syncs`` run once, in up to ``SYNC_THREADS`` runs at the same time, in order."""
+    runs = max(1, min(SYNC_THREADS, len(syncs)))
+    dealt = [syncs[n::runs] for n in range(runs)]
+    pool = _sync_pool()
+    others = [pool.submit(_run_all, run) for run in dealt[1:]]
+    results = [_run_all(dealt[0]), *(other.result() for other in others)]
+    # Dealt out round-robin: sync i is the (i // runs)-th of run i % runs.
+    return [results[i % runs][i // runs] for i in range(len(syncs))]
+
+
+def _run_all(syncs: list[Callable[[], Exception | None]]) -> list[Exception | None]:
+    return [sync() for sync in syncs]
 
 
 def _sync_file(fd: int, path: str) -> Exception | None:
