@@ -37,6 +37,7 @@ Applied = Literal[
     "file_mismatch",
     "ack_applied",
     "ack_repeated",
+    "ack_after_result",  # overtaken by its job's result: expected when both come at once
     "ack_unexpected",
     "result_applied",
     "result_duplicate",

@@ -132,6 +132,11 @@ def _apply_ack(
         batch.log(logging.DEBUG, "Repeated ack for job %s ignored", job.id)
         return InboxOutcome("ack_repeated", job.id)
     _revive_if_dead_lettered(batch, job, now, ack=True)
+    if job.status in FINAL_JOB_STATUSES and job.row["result_msg_id"] is not None:
+        # The service answered: its ack and result went out together and the result was
+        # applied first (parallel inbox batches). Nothing is wrong, so no warning.
+        batch.log(logging.DEBUG, "Ack for job %s came after its result; ignored", job.id)
+        return InboxOutcome("ack_after_result", job.id)
     if job.status != "published":
         batch.log(logging.WARNING, "Ack for job %s in status %s ignored", job.id, job.status)
         return InboxOutcome("ack_unexpected", job.id)

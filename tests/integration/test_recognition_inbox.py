@@ -288,14 +288,16 @@ async def test_late_result_for_a_final_job_warns_and_changes_nothing(
     assert any("Late result" in m for m in mailroom_logs.messages())
 
 
-async def test_result_before_its_ack_is_applied_and_the_late_ack_is_ignored(
-    db_sessions, recognition_factory, published
+async def test_result_before_its_ack_is_applied_and_the_late_ack_is_ignored_quietly(
+    db_sessions, recognition_factory, published, mailroom_logs
 ):
     result = await apply(db_sessions, body(published, "done"), msg_id(published, "result"))
     ack = await apply(db_sessions, body(published, "processing"), msg_id(published, "ack"))
 
-    assert (result.applied, ack.applied) == ("result_applied", "ack_unexpected")
+    assert (result.applied, ack.applied) == ("result_applied", "ack_after_result")
     assert (await recognition_factory.job(published.job_id))["status"] == "done"
+    # An ack overtaken by its own result is the normal race of parallel batches: no warning.
+    assert mailroom_logs.messages() == []
 
 
 async def test_answer_to_an_old_attempt_never_changes_the_file(db_sessions, recognition_factory):
