@@ -262,6 +262,44 @@ def test_every_mailroom_process_has_a_healthcheck_on_its_metrics_port(settings_o
     assert str(IMAGE_PORTS["nats"]["monitoring"]) in nats["command"]
 
 
+def _option(command: list[str], *names: str) -> int:
+    found = [command[i + 1] for i, word in enumerate(command) if word in names]
+    assert len(found) == 1, f"{command} sets {names[0]} once"
+    return int(found[0])
+
+
+#: Connections the scheduler holds (its leader lock, and a short one per check), and those
+#: kept free for operators' commands (``mailroom status``, ``replay``…) and the migration.
+SCHEDULER_CONNECTIONS = 2
+OPERATOR_CONNECTIONS = 10
+#: Connections Postgres keeps for superusers (its default ``superuser_reserved_connections``).
+RESERVED_CONNECTIONS = 3
+
+
+def test_postgres_admits_every_connection_the_stack_can_open(settings_of):
+    from actors.resources import pooled
+    from mailroom.db import create_engine
+
+    services = _services()
+    postgres = services[_service_for_image("postgres")]
+    limit = re.search(r"max_connections=(\d+)", " ".join(postgres.get("command", [])))
+    max_connections = int(limit.group(1)) if limit else 100  # the image's default
+    opened = SCHEDULER_CONNECTIONS + OPERATOR_CONNECTIONS
+    for service in _mailroom_services().values():
+        command = service["command"]
+        if command[0] != "worker":
+            continue
+        threads = _option(command, "--threads", "-t")
+        database = pooled(settings_of(service).database, threads)
+        # The engine the worker builds: its pool keeps pool_size and opens up to the overflow.
+        engine = create_engine(database).sync_engine
+        per_process = engine.pool.size() + engine.pool._max_overflow  # type: ignore[attr-defined]
+        opened += _option(command, "--processes", "-p") * per_process
+    assert opened <= max_connections - RESERVED_CONNECTIONS, (
+        f"the stack can open {opened} Postgres connections; max_connections is {max_connections}"
+    )
+
+
 def test_every_service_restarts():
     for name, service in _services().items():
         expected = "on-failure" if name in ONE_SHOT else "unless-stopped"
