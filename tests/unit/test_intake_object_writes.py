@@ -160,6 +160,36 @@ async def test_each_failed_sync_is_reported_for_its_own_objects_among_many(tmp_p
             assert isinstance(outcome, StoredRef) and outcome.key == key
 
 
+async def test_an_unexpected_sync_error_fails_its_object_and_every_file_is_closed(
+    tmp_path, monkeypatch
+):
+    # Not an OSError: it must not stop the other syncs dealt into the same run, nor leak files.
+    blobs = [b"object %d" % n for n in range(40)]
+    keys = [content_key(b, prefix="mail") for b in blobs]
+    odd = keys[7].rsplit("/", 1)[1]
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(odd):
+            raise RuntimeError("injected")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    open_before = len(os.listdir("/proc/self/fd"))
+
+    store = _store(tmp_path)
+    outcomes = await store.put_many(
+        [PutRequest("mail", k, b, "text/plain") for k, b in zip(keys, blobs, strict=True)]
+    )
+
+    assert isinstance(outcomes[7], RuntimeError)
+    assert all(isinstance(o, StoredRef) for n, o in enumerate(outcomes) if n != 7)
+    bucket = tmp_path / store.bucket("mail")
+    assert not (bucket / keys[7]).exists()
+    assert (bucket / keys[8]).read_bytes() == blobs[8]
+    assert len(os.listdir("/proc/self/fd")) == open_before
+
+
 async def test_a_forked_child_stores_objects_with_its_own_sync_threads(tmp_path):
     store = _store(tmp_path)
     await store.put("mail", content_key(b"parent", prefix="mail"), b"parent", media_type="x")

@@ -176,14 +176,20 @@ def _run_spread(syncs: list[Callable[[], Exception | None]]) -> list[Exception |
 
 
 def _run_all(syncs: list[Callable[[], Exception | None]]) -> list[Exception | None]:
-    return [sync() for sync in syncs]
+    outcomes: list[Exception | None] = []
+    for sync in syncs:
+        try:
+            outcomes.append(sync())
+        except Exception as exc:  # its own object's failure: the rest still sync and close
+            outcomes.append(exc)
+    return outcomes
 
 
 def _sync_file(fd: int, path: str) -> Exception | None:
     """Sync and close a new file; one that cannot be synced is removed, not trusted later."""
     try:
         os.fsync(fd)
-    except OSError as exc:
+    except Exception as exc:  # OSError in practice; whatever it is, the file is not trusted
         _discard_own(fd, path)
         return exc
     os.close(fd)
