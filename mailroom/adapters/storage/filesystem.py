@@ -148,12 +148,11 @@ def _sync_together(written: list[_Written]) -> list[Exception | None]:
         return []
     files = [(w.fd, w.path) for w in written if w.fd is not None]
     folders = sorted({f for w in written for f in w.folders})
-    syncs: list[Callable[[], Exception | None]] = [
-        functools.partial(_sync_file, fd, path) for fd, path in files
-    ]
-    syncs += [functools.partial(_fsync_folder_or_error, folder) for folder in folders]
-    outcomes = _run_spread(syncs)
-    file_errors = dict(zip((fd for fd, _ in files), outcomes, strict=False))
+    outcomes = _run_spread(
+        [functools.partial(_sync_file, fd, path) for fd, path in files]
+        + [functools.partial(_fsync_folder, folder) for folder in folders]
+    )
+    file_errors = dict(zip((fd for fd, _ in files), outcomes[: len(files)], strict=True))
     folder_errors = dict(zip(folders, outcomes[len(files) :], strict=True))
     errors: list[Exception | None] = []
     for w in written:
@@ -165,14 +164,17 @@ def _sync_together(written: list[_Written]) -> list[Exception | None]:
 
 
 def _run_spread(syncs: list[Callable[[], Exception | None]]) -> list[Exception | None]:
-    """Each of ``syncs`` run once, in up to ``SYNC_THREADS`` runs at the same time, in order."""
-    runs = max(1, min(SYNC_THREADS, len(syncs)))
-    dealt = [syncs[n::runs] for n in range(runs)]
-    pool = _sync_pool()
-    others = [pool.submit(_run_all, run) for run in dealt[1:]]
-    results = [_run_all(dealt[0]), *(other.result() for other in others)]
-    # Dealt out round-robin: sync i is the (i // runs)-th of run i % runs.
-    return [results[i % runs][i // runs] for i in range(len(syncs))]
+    """Each of ``syncs`` once, in at most ``SYNC_THREADS`` runs side by side (the first in
+    this thread); their outcomes in order."""
+    if not syncs:
+        return []
+    size = -(-len(syncs) // SYNC_THREADS)  # rounded up: no more runs than threads
+    runs = [syncs[start : start + size] for start in range(0, len(syncs), size)]
+    others = [_sync_pool().submit(_run_all, run) for run in runs[1:]]
+    outcomes = _run_all(runs[0])
+    for other in others:
+        outcomes += other.result()
+    return outcomes
 
 
 def _run_all(syncs: list[Callable[[], Exception | None]]) -> list[Exception | None]:
@@ -180,7 +182,7 @@ def _run_all(syncs: list[Callable[[], Exception | None]]) -> list[Exception | No
     for sync in syncs:
         try:
             outcomes.append(sync())
-        except Exception as exc:  # its own object's failure: the rest still sync and close
+        except Exception as exc:  # its own objects' failure: the rest still sync and close
             outcomes.append(exc)
     return outcomes
 
@@ -262,14 +264,6 @@ def _fsync_folder(folder: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _fsync_folder_or_error(folder: str) -> Exception | None:
-    try:
-        _fsync_folder(folder)
-    except OSError as exc:
-        return exc
-    return None
 
 
 def _discard_own(fd: int, path: str) -> None:
