@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dramatiq.cli import main as dramatiq_main
 from dramatiq.cli import make_argument_parser
 
-from mailroom import actor_names, gc_policy
+from mailroom import actor_names, gc_policy, log_format
 from mailroom.observability import configure_logging
 from mailroom.settings import Settings
 
@@ -78,8 +78,6 @@ def main(argv: list[str] | None = None, *, settings: Settings | None = None) -> 
     import_shared_modules(args.queues)
     # Dramatiq's main process writes its workers' output to its stderr unless it has a log
     # file: they then write theirs there themselves (log_format.CurrentStderrHandler).
-    from mailroom import log_format  # configure_logging above imported it
-
     log_format.workers_write_stderr = args.log_file is None
     reloadable_argv()  # after the parse above, which reads sys.argv when argv is None
     return int(dramatiq_main(args) or 0)  # type: ignore[no-untyped-call]

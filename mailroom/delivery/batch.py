@@ -244,11 +244,7 @@ class Batch:
             self.lease.hold([message_id], at=at)
         if not isinstance(found, tuple):
             return lock, found
-        # CLAIM returns the fields in their order.
-        id_, channel, account, recipient, subject, body, attempts, chunks, error, before = found
-        return lock, Claim(
-            id_, channel, account, recipient, subject, body, attempts, chunks, error, before, self
-        )
+        return lock, Claim(*found, batch=self)  # CLAIM returns the fields in their order
 
     async def succeed(self, claim: Claim, chunks: dict[str, Any]) -> bool:
         """Settle a delivered message; False when a later attempt took it over."""
