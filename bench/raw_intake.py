@@ -115,13 +115,15 @@ def _write(bucket: Path, data: bytes, written: list[int], folders: set[str]) -> 
     path = folder / digest
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileNotFoundError:
+    except FileNotFoundError:  # its folder is new (and the bucket's, for the first object)
         folder.mkdir(parents=True, exist_ok=True)
-        folders.add(str(bucket))
+        folders.update({str(bucket), str(bucket.parent)})
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:  # the same content stored before
         return str(path), digest
-    os.write(fd, data)
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
     written.append(fd)
     folders.add(str(folder))
     return str(path), digest
