@@ -21,6 +21,13 @@ from sqlalchemy.pool import PoolResetState
 from mailroom.db_dsn import keepalive_args, server_keepalive_options, tls_params
 from mailroom.settings import DatabaseSettings
 
+#: Sent first in a transaction whose prepared statements find their rows by key alone: their
+#: generic plans, for that transaction only. At the default (``auto``) Postgres keeps planning
+#: such a statement anew whenever the custom plans look cheaper, which for a statement run per
+#: mail or per batch costs more CPU than running it. Never on a connection as a whole: a query
+#: that binds a status the partial indexes name (``status = 'queued'``) needs its custom plan.
+GENERIC_PLANS = "SET LOCAL plan_cache_mode = force_generic_plan"
+
 
 def create_engine(settings: DatabaseSettings) -> AsyncEngine:
     """An async engine whose connections carry the statement timeout and UTC."""

@@ -28,6 +28,8 @@ from typing import Any
 
 import psycopg
 
+from mailroom.db import GENERIC_PLANS
+
 logger = logging.getLogger(__name__)
 
 _STORE_MAIL = """
@@ -255,6 +257,10 @@ async def _pipelined(
         async with pg.pipeline():
             await pg.execute("BEGIN")
             for number, write in enumerate(writes, start=1):
+                if number == 1 or not together:  # each transaction takes it anew
+                    # A plan per mail otherwise: with 200 mailboxes Postgres kept choosing
+                    # custom plans (0.25 ms of planning a mail, 2,000 plans for 2,000 mails).
+                    await pg.execute(GENERIC_PLANS)
                 store = await pg.cursor().execute(_statement(write), write.params(), prepare=True)
                 if number == len(writes):
                     end: str | None = "COMMIT"

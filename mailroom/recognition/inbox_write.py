@@ -23,6 +23,7 @@ from typing import Any
 import psycopg
 from psycopg.pq import TransactionStatus
 
+from mailroom.db import GENERIC_PLANS
 from mailroom.recognition import attempts, inbox_sql
 from mailroom.recognition.inbox_attempts import BEGIN_BATCH, END_BATCH
 from mailroom.recognition.inbox_rules import Job
@@ -36,12 +37,10 @@ Connection = psycopg.AsyncConnection[Any]
 _BEGIN_BATCH = inbox_sql.psycopg_sql(BEGIN_BATCH)
 _END_BATCH = inbox_sql.psycopg_sql(END_BATCH)
 _REOPEN_MAILS = inbox_sql.psycopg_sql(REOPEN_MAILS)
-# The prepared statements' generic plans, for this transaction only: at the default (auto),
-# Postgres planned the write-back anew for nearly every batch (1.2 ms of CPU, ~12 us a
-# result, against 0.07 generic) and the lock, hold and attempt too. Their plans do not depend
-# on the values: each finds its rows by primary key through its ``= ANY`` array (the same
-# buffers either way in pg_stat_statements).
-_GENERIC_PLANS = "SET LOCAL plan_cache_mode = force_generic_plan"
+# ``GENERIC_PLANS``: at the default (auto), Postgres planned the write-back anew for nearly
+# every batch (1.2 ms of CPU, ~12 us a result, against 0.07 generic) and the lock, hold and
+# attempt too. Their plans do not depend on the values: each finds its rows by primary key
+# through its ``= ANY`` array (the same buffers either way in pg_stat_statements).
 #: How long a batch waits for another live batch holding one of its jobs.
 _HOLD_TIMEOUT = f"{int(attempts.ALONE_WAIT_S * 1000)}ms"
 
@@ -56,14 +55,14 @@ async def hold_and_lock(pg: Connection, ids: str, attempt_id: uuid.UUID) -> tupl
         # Statements up to a pipeline's sync share one implicit transaction, which a later
         # BEGIN would take over: the attempt gets a transaction of its own, committed first.
         await pg.execute("BEGIN")
-        await pg.execute(_GENERIC_PLANS)
+        await pg.execute(GENERIC_PLANS)
         hold = {"space": attempts.HELD_SPACE, "ids": ids, "timeout": _HOLD_TIMEOUT}
         await pg.execute(inbox_sql.HOLD, hold, prepare=True)
         # Its own statement after the hold: its snapshot is taken once the locks are granted.
         dead = await pg.execute(_BEGIN_BATCH, {"id": attempt_id, "ids": ids}, prepare=True)
         await pg.execute("COMMIT")
         await pg.execute("BEGIN")
-        await pg.execute(_GENERIC_PLANS)
+        await pg.execute(GENERIC_PLANS)
         locked = await pg.execute(inbox_sql.LOCK_JOBS, {"ids": ids}, prepare=True)
     return await dead.fetchone() is not None, await _jobs(locked)
 
@@ -72,7 +71,7 @@ async def lock(pg: Connection, ids: str) -> list[Job]:
     """``BEGIN`` and lock the rows (a message applied alone): one round trip."""
     async with pg.pipeline():
         await pg.execute("BEGIN")
-        await pg.execute(_GENERIC_PLANS)
+        await pg.execute(GENERIC_PLANS)
         locked = await pg.execute(inbox_sql.LOCK_JOBS, {"ids": ids}, prepare=True)
     return await _jobs(locked)
 
