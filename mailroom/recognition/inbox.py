@@ -149,7 +149,11 @@ async def _apply_counted(
             )
 
         try:
-            return await _apply_one_by_one(sessions, parsed, now, apply=counted)
+            outcomes = await _apply_one_by_one(sessions, parsed, now, apply=counted)
+            # Every message came back: their jobs are suspects no more (a death on the way
+            # leaves the rows as they were, so the next delivery goes one by one again).
+            await inbox_write.settle_dead_batches(pg, ids)
+            return outcomes
         finally:
             await inbox_write.release(pg)
 

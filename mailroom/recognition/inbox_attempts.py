@@ -9,7 +9,9 @@ message that kills the worker then charges only its own job, which after
 ``max_processing_attempts`` such deaths fails with
 ``INBOX_ATTEMPTS_EXHAUSTED`` (file ERROR, its mail finalized and named in the
 outcome for notification, as mapping does) while the other messages of the batch
-are applied. Every attempt that comes back is uncounted, however it ended.
+are applied. Every attempt that comes back is uncounted, however it ended; once all
+of a batch's messages went one by one and came back, the dead batches' rows let go of
+its jobs (``SETTLE_DEAD_BATCHES``).
 """
 
 from __future__ import annotations
@@ -53,6 +55,22 @@ BEGIN_BATCH = text(
 
 #: The batch's row gone: in its write-back's transaction, or apart when the batch failed.
 END_BATCH = text("DELETE FROM inbox_batch_attempt WHERE id = :id")
+
+# Dead batches' rows let go of jobs whose messages all went one by one and came back: those
+# jobs are no longer suspects, so their next batch goes the batch way again (a row naming
+# them for good sent every later batch holding one of them one by one). Run while the jobs
+# are held, so every row naming one of them is a dead batch's. A row left with no job goes.
+SETTLE_DEAD_BATCHES = (
+    text("DELETE FROM inbox_batch_attempt WHERE job_ids <@ CAST(:ids AS uuid[])"),
+    text(
+        """
+        UPDATE inbox_batch_attempt
+           SET job_ids = ARRAY(SELECT j FROM unnest(job_ids) AS j
+                                WHERE j <> ALL(CAST(:ids AS uuid[])))
+         WHERE job_ids && CAST(:ids AS uuid[])
+        """
+    ),
+)
 
 
 async def begin_batch(

@@ -25,7 +25,7 @@ from psycopg.pq import TransactionStatus
 
 from mailroom.db import GENERIC_PLANS
 from mailroom.recognition import attempts, inbox_sql
-from mailroom.recognition.inbox_attempts import BEGIN_BATCH, END_BATCH
+from mailroom.recognition.inbox_attempts import BEGIN_BATCH, END_BATCH, SETTLE_DEAD_BATCHES
 from mailroom.recognition.inbox_rules import Job
 from mailroom.recognition.revive import REOPEN_MAILS
 from mailroom.recognition.sql_params import int_array, uuid_array
@@ -36,6 +36,7 @@ Connection = psycopg.AsyncConnection[Any]
 
 _BEGIN_BATCH = inbox_sql.psycopg_sql(BEGIN_BATCH)
 _END_BATCH = inbox_sql.psycopg_sql(END_BATCH)
+_SETTLE_DEAD_BATCHES = [inbox_sql.psycopg_sql(statement) for statement in SETTLE_DEAD_BATCHES]
 _REOPEN_MAILS = inbox_sql.psycopg_sql(REOPEN_MAILS)
 # ``GENERIC_PLANS``: at the default (auto), Postgres planned the write-back anew for nearly
 # every batch (1.2 ms of CPU, ~12 us a result, against 0.07 generic) and the lock, hold and
@@ -175,6 +176,15 @@ async def roll_back(pg: Connection, *, attempt_id: uuid.UUID | None = None) -> N
             await pg.execute("ROLLBACK")
         if attempt_id is not None:
             await pg.execute(_END_BATCH, {"id": attempt_id}, prepare=True)
+
+
+async def settle_dead_batches(pg: Connection, ids: str) -> None:
+    """The dead batches' rows let go of the held jobs ``ids``: one transaction, one round trip."""
+    async with pg.pipeline():
+        await pg.execute("BEGIN")
+        for statement in _SETTLE_DEAD_BATCHES:
+            await pg.execute(statement, {"ids": ids}, prepare=True)
+        await pg.execute("COMMIT")
 
 
 async def release(pg: Connection) -> None:

@@ -152,9 +152,10 @@ async def test_a_job_whose_messages_keep_killing_the_worker_fails_and_its_batch_
     assert (await recognition_factory.job(other.job_id))["status"] == "error"
     assert (await recognition_factory.job(other.job_id))["error_code"] == "BAD_FILE"
 
-    # Redelivered again: the job stays failed, nothing is applied.
+    # Redelivered again: the job stays failed, nothing is applied. (Its messages all came back
+    # one by one, so the copy goes the batch way and meets a final job: a late result.)
     again = await apply(db_sessions, error_result(poison))
-    assert [o.applied for o in again] == ["attempts_exhausted"]
+    assert [o.applied for o in again] == ["result_late"]
     assert (await recognition_factory.job(poison.job_id))["error_code"] == (
         "INBOX_ATTEMPTS_EXHAUSTED"
     )
@@ -292,4 +293,57 @@ async def test_a_batch_that_dies_after_locking_its_jobs_leaves_its_attempt_recor
     assert outcome.applied == "result_applied"
     counted = (await recognition_factory.job(job.job_id))["metrics"]
     assert "inbox_attempts" not in counted, "applied alone, counted and given back"
-    assert await batch_rows(db_sessions, job.job_id) == 1, "the dead batch's row stays"
+    assert await batch_rows(db_sessions, job.job_id) == 0, "its message came back: not a suspect"
+
+
+async def test_a_dead_batch_lets_go_of_a_job_once_its_messages_came_back_one_by_one(
+    db_sessions, recognition_factory, monkeypatch
+):
+    first = await recognition_factory.create_job(status="processing")
+    second = await recognition_factory.create_job(status="processing")
+    later = await recognition_factory.create_job(status="published")
+    # A batch holding two jobs died
+    await batch_died(db_sessions, [first.job_id, second.job_id])
+    one_by_one = []
+    real_one_by_one = inbox._apply_one_by_one
+
+    async def recorded_one_by_one(sessions, parsed, now, **kwargs):
+        one_by_one.append(sorted(str(p.response.job_id) for p in parsed))
+        return await real_one_by_one(sessions, parsed, now, **kwargs)
+
+    monkeypatch.setattr(inbox, "_apply_one_by_one", recorded_one_by_one)
+
+    # When the first job's result comes (one by one: the dead batch names its job) and applies
+    [outcome] = await apply(db_sessions, error_result(first))
+    assert outcome.applied == "result_applied"
+    assert one_by_one == [[str(first.job_id)]]
+
+    # Then the dead batch's row names only the job not seen since
+    assert await batch_rows(db_sessions, first.job_id) == 0
+    assert await batch_rows(db_sessions, second.job_id) == 1
+    # and a batch with the first job and a new one goes the batch way; the second's goes alone
+    await apply(db_sessions, error_result(first), ack(later))
+    assert len(one_by_one) == 1
+    [outcome] = await apply(db_sessions, error_result(second))
+    assert outcome.applied == "result_applied"
+    assert one_by_one[1:] == [[str(second.job_id)]]
+    async with db_sessions() as session:
+        assert await session.scalar(text("SELECT count(*) FROM inbox_batch_attempt")) == 0
+
+
+async def test_a_death_one_by_one_leaves_the_dead_batchs_row_for_the_next_delivery(
+    db_sessions, recognition_factory, monkeypatch
+):
+    poison = await recognition_factory.create_job(status="processing")
+    await batch_died(db_sessions, [poison.job_id])
+
+    async def killed(*args, **kwargs):
+        raise SystemExit("the worker died applying it")
+
+    # When the message kills its worker while it goes alone
+    monkeypatch.setattr(inbox, "_apply_in_one_transaction", killed)
+    with pytest.raises(SystemExit):
+        await apply(db_sessions, error_result(poison))
+
+    # Then its job is still a suspect: the next delivery goes one by one, counted again
+    assert await batch_rows(db_sessions, poison.job_id) == 1
