@@ -14,6 +14,7 @@ closes it on any exception, and ``release`` closes it when the unlock fails.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
 from collections.abc import Sequence
@@ -179,12 +180,21 @@ async def roll_back(pg: Connection, *, attempt_id: uuid.UUID | None = None) -> N
 
 
 async def settle_dead_batches(pg: Connection, ids: str) -> None:
-    """The dead batches' rows let go of the held jobs ``ids``: one transaction, one round trip."""
-    async with pg.pipeline():
-        await pg.execute("BEGIN")
-        for statement in _SETTLE_DEAD_BATCHES:
-            await pg.execute(statement, {"ids": ids}, prepare=True)
-        await pg.execute("COMMIT")
+    """The dead batches' rows let go of the held jobs ``ids``: one transaction, one round trip.
+
+    Best effort: the messages are applied, and rows left as they were only send the jobs'
+    next batch one by one again, as before.
+    """
+    try:
+        async with pg.pipeline():
+            await pg.execute("BEGIN")
+            for statement in _SETTLE_DEAD_BATCHES:
+                await pg.execute(statement, {"ids": ids}, prepare=True)
+            await pg.execute("COMMIT")
+    except psycopg.Error as exc:
+        logger.warning("Could not settle dead inbox batches: %s", type(exc).__name__)
+        with contextlib.suppress(psycopg.Error):  # a broken connection is closed by release()
+            await pg.rollback()
 
 
 async def release(pg: Connection) -> None:

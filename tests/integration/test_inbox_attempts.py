@@ -347,3 +347,23 @@ async def test_a_death_one_by_one_leaves_the_dead_batchs_row_for_the_next_delive
 
     # Then its job is still a suspect: the next delivery goes one by one, counted again
     assert await batch_rows(db_sessions, poison.job_id) == 1
+
+
+async def test_messages_applied_one_by_one_stand_when_the_dead_rows_cannot_be_settled(
+    db_sessions, recognition_factory, monkeypatch, caplog
+):
+    ref = await recognition_factory.create_job(status="processing")
+    await batch_died(db_sessions, [ref.job_id])
+    # The settling statement fails (the database refuses it)
+    monkeypatch.setattr(inbox_write, "_SETTLE_DEAD_BATCHES", ["SELECT 1/0"])
+
+    [outcome] = await apply(db_sessions, error_result(ref))
+
+    # Then the result is applied all the same, and the dead row stays for next time
+    assert outcome.applied == "result_applied"
+    assert (await recognition_factory.job(ref.job_id))["status"] == "error"
+    assert await batch_rows(db_sessions, ref.job_id) == 1
+    assert "Could not settle dead inbox batches: DivisionByZero" in caplog.text
+    # and the connection went back clean: the next batch of that job applies
+    [again] = await apply(db_sessions, error_result(ref))
+    assert again.applied == "result_duplicate"
