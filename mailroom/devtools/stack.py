@@ -25,6 +25,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Self
 
+from mailroom.settings.base import (
+    DEV_IMAP_PORT,
+    DEV_NATS_PORT,
+    DEV_POSTGRES_PORT,
+    DEV_REDIS_PORT,
+    DEV_SMTP_PORT,
+    DEV_WEBHOOK_PORT,
+)
+
 logger = logging.getLogger(__name__)
 
 #: How long a server may take to answer after it was started, in seconds.
@@ -35,11 +44,29 @@ class ServerStartError(RuntimeError):
     """An embedded server did not come up."""
 
 
+#: The ports the settings' defaults name (the dev stack's): all in Linux's ephemeral range. A
+#: server started on one would answer whoever expects nothing there; a test left with the
+#: default Redis URL read a Dovecot greeting as a Redis reply.
+DEV_PORTS = frozenset(
+    {
+        DEV_POSTGRES_PORT,
+        DEV_REDIS_PORT,
+        DEV_NATS_PORT,
+        DEV_IMAP_PORT,
+        DEV_SMTP_PORT,
+        DEV_WEBHOOK_PORT,
+    }
+)
+
+
 def free_port() -> int:
-    """A TCP port on loopback that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A TCP port on loopback that nothing listens on right now, and none of ``DEV_PORTS``."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port not in DEV_PORTS:
+            return port
 
 
 def find_binary(name: str) -> Path:

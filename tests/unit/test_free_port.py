@@ -1,0 +1,32 @@
+"""``free_port`` never hands out a port the settings' defaults name."""
+
+from __future__ import annotations
+
+from mailroom.devtools import stack
+from mailroom.settings.base import DEV_REDIS_PORT
+
+
+def test_a_port_the_dev_defaults_name_is_passed_over(monkeypatch):
+    # The system offers the dev stack's Redis port first (it is in the ephemeral range)
+    offered = iter([DEV_REDIS_PORT, 40123])
+
+    class Socket:
+        def __init__(self, *args):
+            self.port = next(offered)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def bind(self, address):
+            pass
+
+        def getsockname(self):
+            return ("127.0.0.1", self.port)
+
+    monkeypatch.setattr(stack.socket, "socket", Socket)
+
+    # Then free_port asks again and gives the next one
+    assert stack.free_port() == 40123
