@@ -25,14 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Self
 
-from mailroom.settings.base import (
-    DEV_IMAP_PORT,
-    DEV_NATS_PORT,
-    DEV_POSTGRES_PORT,
-    DEV_REDIS_PORT,
-    DEV_SMTP_PORT,
-    DEV_WEBHOOK_PORT,
-)
+from mailroom.settings.base import DEV_PORTS
 
 logger = logging.getLogger(__name__)
 
@@ -44,23 +37,12 @@ class ServerStartError(RuntimeError):
     """An embedded server did not come up."""
 
 
-#: The ports the settings' defaults name (the dev stack's): all in Linux's ephemeral range. A
-#: server started on one would answer whoever expects nothing there; a test left with the
-#: default Redis URL read a Dovecot greeting as a Redis reply.
-DEV_PORTS = frozenset(
-    {
-        DEV_POSTGRES_PORT,
-        DEV_REDIS_PORT,
-        DEV_NATS_PORT,
-        DEV_IMAP_PORT,
-        DEV_SMTP_PORT,
-        DEV_WEBHOOK_PORT,
-    }
-)
-
-
 def free_port() -> int:
-    """A TCP port on loopback that nothing listens on right now, and none of ``DEV_PORTS``."""
+    """A TCP port on loopback that nothing listens on right now, and none of ``DEV_PORTS``.
+
+    A test left with the default Redis URL read a Dovecot greeting as a Redis reply when a
+    parallel test's server got the dev stack's Redis port from the system.
+    """
     while True:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.bind(("127.0.0.1", 0))

@@ -14,6 +14,18 @@ DEV_NATS_PORT = 54222
 DEV_IMAP_PORT = 51143
 DEV_SMTP_PORT = 52525
 DEV_WEBHOOK_PORT = 58080
+#: Every port the defaults name, all in Linux's ephemeral range: test servers keep off them
+#: (``devtools.stack.free_port``), or one would answer whoever expects nothing there.
+DEV_PORTS = frozenset(
+    {
+        DEV_POSTGRES_PORT,
+        DEV_REDIS_PORT,
+        DEV_NATS_PORT,
+        DEV_IMAP_PORT,
+        DEV_SMTP_PORT,
+        DEV_WEBHOOK_PORT,
+    }
+)
 
 #: Standard ports per ``security`` when a mailbox or account gives none (plain needs one).
 IMAP_PORTS = {"ssl": 993, "starttls": 143}

@@ -30,3 +30,4 @@ def test_a_port_the_dev_defaults_name_is_passed_over(monkeypatch):
 
     # Then free_port asks again and gives the next one
     assert stack.free_port() == 40123
+    assert DEV_REDIS_PORT in stack.DEV_PORTS
