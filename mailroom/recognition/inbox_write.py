@@ -39,10 +39,11 @@ _BEGIN_BATCH = inbox_sql.psycopg_sql(BEGIN_BATCH)
 _END_BATCH = inbox_sql.psycopg_sql(END_BATCH)
 _SETTLE_DEAD_BATCHES = [inbox_sql.psycopg_sql(statement) for statement in SETTLE_DEAD_BATCHES]
 _REOPEN_MAILS = inbox_sql.psycopg_sql(REOPEN_MAILS)
-# ``GENERIC_PLANS``: at the default (auto), Postgres planned the write-back anew for nearly
-# every batch (1.2 ms of CPU, ~12 us a result, against 0.07 generic) and the lock, hold and
-# attempt too. Their plans do not depend on the values: each finds its rows by primary key
-# through its ``= ANY`` array (the same buffers either way in pg_stat_statements).
+# The inbox's transactions start with ``GENERIC_PLANS``: at the default (auto), Postgres
+# planned the write-back anew for nearly every batch (1.2 ms of CPU, ~12 us a result, against
+# 0.07 generic) and the lock, hold and attempt too. Their plans do not depend on the values:
+# each finds its rows by primary key through its ``= ANY`` array (the same buffers either way
+# in pg_stat_statements).
 #: How long a batch waits for another live batch holding one of its jobs.
 _HOLD_TIMEOUT = f"{int(attempts.ALONE_WAIT_S * 1000)}ms"
 

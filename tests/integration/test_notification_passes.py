@@ -19,6 +19,7 @@ from mailroom.notifications import (
     settle_request_key,
 )
 from mailroom.settings import DeliverySettings, NotificationRoute
+from tests.fixtures.plans import plan_nodes
 
 pytestmark = pytest.mark.integration
 
@@ -156,15 +157,9 @@ async def test_the_settle_check_reads_the_stored_mails_only_not_the_history(
     # Then the check finds them through the stored mails' index, not by reading every mail
     scans = [
         (node["Node Type"], node.get("Relation Name"), node.get("Index Name"))
-        for node in _plan_nodes(plan["Plan"])
+        for node in plan_nodes(plan["Plan"])
     ]
     assert any(index == "ix_inbound_mail_stored" for _, _, index in scans), scans
     assert ("Seq Scan", "inbound_mail", None) not in scans, scans
     async with db_sessions() as session, session.begin():
         assert await finalize_settled_mails(session) == waiting
-
-
-def _plan_nodes(node):
-    yield node
-    for child in node.get("Plans", []):
-        yield from _plan_nodes(child)
