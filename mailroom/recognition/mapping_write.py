@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
+from collections import Counter
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -120,9 +121,7 @@ async def write_decisions(
             # NOTE: only rows the lock above holds, so no lock is taken out of id order.
             await attempts.give_back_in(session, list(locked), give_back)
     ordered = [outcomes[d.job_id] for d in decisions]
-    for outcome in ordered:
-        if outcome.applied == "mapped":
-            _log(outcome)
+    _log([outcome for outcome in ordered if outcome.applied == "mapped"])
     return ordered
 
 
@@ -216,13 +215,34 @@ def _json(rows: list[dict[str, Any]]) -> str:
     return json.dumps(rows)
 
 
-def _log(outcome: MappingOutcome) -> None:
-    if outcome.file_status is None:  # mapped for the record: the file has a newer attempt
-        return
-    logger.info(
-        "Result of job %s mapped: file %s%s%s",
-        outcome.job_id,
-        outcome.file_status,
-        f", retried as {outcome.replayed.new_job_id}" if outcome.replayed else "",
-        f", mail {outcome.finalized_mail_id} final" if outcome.finalized_mail_id else "",
-    )
+def _log(mapped: Sequence[MappingOutcome]) -> None:
+    """One INFO line per batch with the counts, a DEBUG line per plainly recognized file.
+
+    As in the inbox: an INFO line per job cost the worker about as much CPU as mapping
+    it. A file left to check or failed, and an automatic retry, keep a line of their own
+    with the job's id.
+    """
+    # What the file became, or "retried" when a new attempt replaces the job.
+    counts: Counter[str] = Counter()
+    finals = 0
+    for outcome in mapped:
+        if outcome.file_status is None:  # mapped for the record: the file has a newer attempt
+            continue
+        counts["retried" if outcome.replayed else outcome.file_status] += 1
+        finals += outcome.finalized_mail_id is not None
+        plain = outcome.file_status == "RECOGNIZED" and outcome.replayed is None
+        logger.log(
+            logging.DEBUG if plain else logging.INFO,
+            "Result of job %s mapped: file %s%s%s",
+            outcome.job_id,
+            outcome.file_status,
+            f", retried as {outcome.replayed.new_job_id}" if outcome.replayed else "",
+            f", mail {outcome.finalized_mail_id} final" if outcome.finalized_mail_id else "",
+        )
+    if counts:
+        logger.info(
+            "Mapping batch: %d result(s) mapped (%s), %d mail(s) final",
+            counts.total(),
+            ", ".join(f"{what} {n}" for what, n in sorted(counts.items())),
+            finals,
+        )

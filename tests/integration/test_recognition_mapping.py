@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from datetime import timedelta
 
 import pytest
@@ -155,6 +156,27 @@ async def test_missing_required_field_is_retried_once_then_needs_check(flow, rec
     assert "invoice_number" in file["status_reason"]
     [audit] = await recognition_factory.rows("SELECT * FROM audit_event")
     assert (audit["action"], audit["actor_type"]) == ("recognition.replayed", "system")
+
+
+async def test_a_plain_result_logs_in_its_batch_line_and_a_retry_on_a_line_of_its_own(
+    flow, recognition_factory, mailroom_logs
+):
+    plain = await recognition_factory.create_job(status="processing")
+    await flow.answer(plain, result=invoice())
+    await flow.map(plain.job_id)
+    retried = await recognition_factory.create_job(status="processing")
+    await flow.answer(retried, result={"document_type": "invoice", "fields": {"total": 1.0}})
+    outcome = await flow.map(retried.job_id)
+
+    mapping = [m for m in mailroom_logs.messages(logging.INFO) if "mapped" in m]
+    assert outcome.replayed is not None
+    assert mapping == [
+        "Mapping batch: 1 result(s) mapped (RECOGNIZED 1), 1 mail(s) final",
+        f"Result of job {retried.job_id} mapped: file UPLOADED, "
+        f"retried as {outcome.replayed.new_job_id}",
+        "Mapping batch: 1 result(s) mapped (retried 1), 0 mail(s) final",
+    ]
+    assert any(str(plain.job_id) in m for m in mailroom_logs.messages(logging.DEBUG))
 
 
 async def test_low_confidence_field_counts_as_a_failed_check(flow, recognition_factory):
