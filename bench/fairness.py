@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import durability  # noqa: E402
+import psutil  # noqa: E402
 import psycopg  # noqa: E402
 from e2e import dev_defaults, mail, server_pids  # noqa: E402
 from stages import ProcessCpu  # noqa: E402
@@ -54,6 +55,15 @@ SELECT c.mailbox, EXTRACT(EPOCH FROM max(m.created_at) - %(t0)s)
   FROM mailbox_cursor c JOIN inbound_mail m ON m.cursor_id = c.id
  GROUP BY c.mailbox HAVING count(m.id) >= %(mails)s
 """
+
+
+def host_steal_s() -> float:
+    """Seconds this VM's cores were ready to run while the hypervisor ran others (steal).
+
+    Printed beside the window's CPU: on a shared host the same run's window took 17 to
+    25 CPU s, and a high steal marks a run slowed from outside (0 where not reported).
+    """
+    return float(getattr(psutil.cpu_times(), "steal", 0.0))
 
 
 class QueueDepths:
@@ -154,6 +164,7 @@ def main() -> None:
                 own={"bench (pymap, sink)": os.getpid()},
             )
             startup_cpu: dict[str, float] = {}
+            startup_steal = 0.0
             startup_at = ended_at = started
             done, total = 0, args.mailboxes * args.mails
             deadline = started + 300
@@ -166,6 +177,7 @@ def main() -> None:
                 done, stored = progress
                 if done and not startup_cpu:
                     startup_cpu, startup_at = cpu.since_start(), time.monotonic()
+                    startup_steal = host_steal_s()
                 if time.monotonic() >= next_trace:
                     next_trace += 10
                     print(
@@ -176,6 +188,7 @@ def main() -> None:
                 time.sleep(0.5)
             queues.close()
             used, ended_at = cpu.since_start(), time.monotonic()
+            steal = host_steal_s() - startup_steal
             done_at = {
                 mailbox: float(seconds)
                 for mailbox, seconds in watch.execute(
@@ -199,7 +212,8 @@ def main() -> None:
                 window_s = ended_at - startup_at
                 print(
                     f"from the first mailbox done to the last: {window_cpu:.1f} CPU s in "
-                    f"{window_s:.1f} s = {window_cpu / window_s:.2f} of {os.cpu_count()} cores"
+                    f"{window_s:.1f} s = {window_cpu / window_s:.2f} of {os.cpu_count()} cores; "
+                    f"steal (the hypervisor running others) {steal:.1f} s"
                 )
         finally:
             if watch is not None:
