@@ -60,8 +60,9 @@ SELECT c.mailbox, EXTRACT(EPOCH FROM max(m.created_at) - %(t0)s)
 def host_steal_s() -> float:
     """Seconds this VM's cores were ready to run while the hypervisor ran others (steal).
 
-    Printed beside the window's CPU: on a shared host the same run's window took 17 to
-    25 CPU s, and a high steal marks a run slowed from outside (0 where not reported).
+    Printed beside the window's CPU, as the one slowdown from outside the VM reports (0
+    where it does not). It is not the whole of it: the same window took 17 to 25 CPU s
+    on one evening with little steal (README, Benchmarks).
     """
     return float(getattr(psutil.cpu_times(), "steal", 0.0))
 

@@ -218,9 +218,9 @@ def _json(rows: list[dict[str, Any]]) -> str:
 def _log(mapped: Sequence[MappingOutcome]) -> None:
     """One INFO line per batch with the counts, a DEBUG line per plainly recognized file.
 
-    As in the inbox: an INFO line per job cost the worker about as much CPU as mapping
-    it. A file left to check or failed, and an automatic retry, keep a line of their own
-    with the job's id.
+    As the inbox and delivery log (there an INFO line per item cost the worker about as
+    much CPU as the item's work). A file left to check or failed, and an automatic
+    retry, keep a line of their own with the job's id.
     """
     # What the file became, or "retried" when a new attempt replaces the job.
     counts: Counter[str] = Counter()
