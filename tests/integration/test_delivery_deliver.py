@@ -132,11 +132,13 @@ async def test_two_attempts_in_one_process_send_once(make_deliverer, delivery_se
 async def test_renewal_keeps_the_lock_through_a_send_longer_than_its_ttl(
     make_deliverer, delivery_sessions, delivery_settings, keys, outbound
 ):
-    settings = delivery_settings.model_copy(update={"lock_ttl_ms": 450})
-    outbound.delay_s = 1.3
+    # Room for a renewal up to 2/3 of the TTL late on a loaded worker (a tighter TTL let a
+    # lock expire under a parallel system test).
+    settings = delivery_settings.model_copy(update={"lock_ttl_ms": 1_000})
+    outbound.delay_s = 3.0
     message_id = await make_message(delivery_sessions)
     sending = asyncio.create_task(make_deliverer(settings=settings).deliver(message_id))
-    await asyncio.sleep(1.0)  # over twice the TTL: only renewals keep it
+    await asyncio.sleep(2.1)  # over twice the TTL: only renewals keep it
     assert await keys.client.exists(keys.keys.lock(message_id))
     assert await make_deliverer("worker-b", settings=settings).deliver(message_id) == Outcome.HELD
     assert await sending == Outcome.DELIVERED
