@@ -231,8 +231,11 @@ def _log(mapped: Sequence[MappingOutcome]) -> None:
         counts["retried" if outcome.replayed else outcome.file_status] += 1
         finals += outcome.finalized_mail_id is not None
         plain = outcome.file_status == "RECOGNIZED" and outcome.replayed is None
+        level = logging.DEBUG if plain else logging.INFO
+        if not logger.isEnabledFor(level):  # the usual case: no line text built per result
+            continue
         logger.log(
-            logging.DEBUG if plain else logging.INFO,
+            level,
             "Result of job %s mapped: file %s%s%s",
             outcome.job_id,
             outcome.file_status,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
 from mailroom.devtools import stack
@@ -36,8 +38,6 @@ def test_a_port_the_dev_defaults_name_is_passed_over(monkeypatch):
 
 
 def test_the_dev_ports_are_held_for_the_session_and_refuse_connections():
-    import socket
-
     # Given the session's hold on the dev ports (this process's or xdist's controller's)
     for port in stack.DEV_PORTS:
         # A server cannot take one
