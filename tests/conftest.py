@@ -51,7 +51,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
     """Name the IMAP servers the intake contract runs on."""
-    from tests.fixtures.dovecot import REQUIRE_DEBIAN_SERVERS_ENV, dovecot_version, find_dovecot
+    from mailroom.devtools.dovecot import dovecot_version, find_dovecot
+    from tests.fixtures.dovecot import REQUIRE_DEBIAN_SERVERS_ENV
 
     dovecot = find_dovecot()
     if dovecot is None:

@@ -22,7 +22,7 @@ from mailroom.adapters.imap import (
     MemoryServer,
     _translate_errors,
 )
-from tests.fixtures.dovecot import DovecotServer
+from mailroom.devtools.dovecot import DovecotServer
 from tests.fixtures.imap import SERVERS, make_mail, new_folder, on_every_server, server_named
 
 pytestmark = pytest.mark.integration
