@@ -21,12 +21,37 @@ logger = logging.getLogger(__name__)
 MAX_RESTART_DELAY_S = 30.0
 
 
+def lower_priority(pid: int, nice: int) -> None:
+    """Give a child that leads a session of its own the CPU priority ``nice``.
+
+    Where Linux groups processes by session for scheduling (autogroup, on by default in
+    most distributions), the CPU is shared between the groups first, and a process's own
+    nice value weighs only against the other processes of its session: each child here
+    leads one (``start_new_session``), so its group gets the value
+    (``/proc/PID/autogroup``). Where that grouping is off (inside a container's cgroup,
+    or disabled), the process's own value is what weighs; it is set too, before the
+    child starts threads or worker processes, which inherit it. Raising a nice value
+    needs no privilege; a failure is logged and the child runs at the usual priority.
+    """
+    try:
+        os.setpriority(os.PRIO_PROCESS, pid, nice)
+        Path(f"/proc/{pid}/autogroup").write_text(str(nice))
+    except ProcessLookupError:
+        pass  # it exited already: ``Supervisor.check`` reports and restarts it
+    except FileNotFoundError:
+        pass  # no autogroup in this kernel: the process's own value is enough
+    except OSError as exc:
+        logger.warning("could not set the CPU priority of pid %s to nice %s: %s", pid, nice, exc)
+
+
 @dataclass
 class Child:
     name: str
     args: Sequence[str]
     env: dict[str, str]
     log_path: Path
+    #: CPU priority: above 0, this process yields the CPU to the others when both want it.
+    nice: int = 0
     process: subprocess.Popen[bytes] | None = None
     restarts: int = 0
     next_start: float = 0.0
@@ -43,6 +68,8 @@ class Child:
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
+        if self.nice:
+            lower_priority(self.process.pid, self.nice)
 
     @property
     def running(self) -> bool:
@@ -78,9 +105,10 @@ class Supervisor:
         self.children.append(child)
         child.start(self.cwd)
         logger.info(
-            "started %s (pid %s), log %s",
+            "started %s (pid %s%s), log %s",
             child.name,
             child.process and child.process.pid,
+            f", nice {child.nice}" if child.nice else "",
             child.log_path,
         )
 

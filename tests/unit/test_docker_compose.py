@@ -18,6 +18,7 @@ import typer.main
 import yaml
 
 from actors.queues import ALL as QUEUES
+from actors.queues import INTAKE
 from mailroom.cli import app
 from mailroom.settings import Settings
 from mailroom.settings_reference import env_names
@@ -298,6 +299,19 @@ def test_postgres_admits_every_connection_the_stack_can_open(settings_of):
     assert opened <= max_connections - RESERVED_CONNECTIONS, (
         f"the stack can open {opened} Postgres connections; max_connections is {max_connections}"
     )
+
+
+def test_only_the_stages_after_intake_yield_the_cpu():
+    """As ``mailroom dev`` runs them (``PROCESS_NICE``, nice 10: CFS weight 110 against 1024)."""
+    for name, service in _mailroom_services().items():
+        command = service["command"]
+        downstream = (command[0] == "worker" and _worker_queues(command) != [INTAKE]) or command[
+            0
+        ] in ("bridge", "recognizer")
+        expected = 110 if downstream else None
+        assert service.get("cpu_shares") == expected, (
+            f"{name}: cpu_shares {service.get('cpu_shares')}"
+        )
 
 
 def test_every_service_restarts():
