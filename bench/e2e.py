@@ -258,6 +258,9 @@ def main() -> None:
     parser.add_argument(
         "--rate", type=float, default=None, help="mails/s at load (default: half the drain rate)"
     )
+    parser.add_argument(
+        "--keep-logs", type=Path, default=None, help="copy the processes' logs to this folder"
+    )
     args = parser.parse_args()
     backlog = args.backlog or (2_000 if args.quick else 20_000)
     mails = max(100, args.mails or (120 if args.quick else 1_000))
@@ -356,6 +359,8 @@ def main() -> None:
         finally:
             if system is not None:
                 system.stop()
+                if args.keep_logs is not None:
+                    shutil.copytree(base / "logs", args.keep_logs, dirs_exist_ok=True)
             sink.stop()
             imap.stop()
             for server in (nats_server, redis_server, postgres):
@@ -369,9 +374,10 @@ def main() -> None:
     )
     if latencies:
         p50, p99 = (percentile(latencies, q) for q in (50, 99))
+        slowest = max(sent, key=lambda s: arrivals.times[s] - sent[s])
         print(
             f"latency at load, {mails} mails at {rate:.1f}/s (half the drain rate): "
-            f"p50 {p50:.3f}s p99 {p99:.3f}s (max {max(latencies):.3f}s)"
+            f"p50 {p50:.3f}s p99 {p99:.3f}s (max {max(latencies):.3f}s, {slowest})"
         )
     print(f"RESULT e2e_backlog ratio={drain_rate / raw_rate:.4f} target=0.1")
     if latencies:

@@ -25,6 +25,7 @@ line is ``RESULT intake_fairness_max_wait_s value=… target=10``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -143,14 +144,15 @@ def main() -> None:
     folders = [f"box{n:03d}" for n in range(args.mailboxes)]
     with (
         durability.temporary_state(args, "mailroom-bench-fairness-") as base,
-        server_folder("mailroom-bench-dovecot-") as dovecot_folder,
+        contextlib.ExitStack() as dovecot_stack,
     ):
         postgres = EmbeddedPostgres(base / "postgres", fast=args.fast).start()
         redis_server = EmbeddedRedis(base / "redis").start()
         nats_server = EmbeddedNats(base / "nats").start()
         imap: ImapServer | DovecotServer
         if dovecot is not None:
-            imap = DovecotServer(dovecot, dovecot_folder).start()
+            folder = dovecot_stack.enter_context(server_folder("mailroom-bench-dovecot-"))
+            imap = DovecotServer(dovecot, folder).start()
             print(f"IMAP server: {dovecot_version(dovecot)}", flush=True)
         else:
             imap = ImapServer().start()

@@ -46,12 +46,12 @@ WORKER_QUEUES = ("outbox", "inbox", "mapping", "delivery", "maintenance", "syste
 
 #: CPU priority (nice) of the processes downstream of intake. On a machine whose cores
 #: are all busy, reading the mailboxes goes first: every mailbox waits on intake (200
-#: mailboxes of 10 mails were read in 11-13 s beside the rest at equal priority, in 5-7 s
-#: with these; ``bench/fairness.py``), while the stages after it work from queues that
-#: keep their messages and catch up once intake is idle. The total CPU is the same; a
-#: backlog's notifications come later, not slower. Intake, the scheduler (it only sends
-#: polls) and the servers keep the usual priority. The compose stack gives the same
-#: services the same weight (``cpu_shares``).
+#: mailboxes of 10 mails on 2 cores: the last read after a median 10.2 s beside the rest
+#: at equal priority, 6.4 s with these; ``bench/fairness.py``), while the stages after it
+#: work from queues that keep their messages and catch up once intake is idle. The total
+#: CPU is the same; a backlog's notifications come later, not slower. Intake, the
+#: scheduler (it only sends polls) and the servers keep the usual priority. The compose
+#: stack gives the same services the same weight (``cpu_shares``).
 PROCESS_NICE = {"worker": 10, "bridge-nats": 10, "bridge-stream": 10, "recognizer": 10}
 
 
