@@ -194,9 +194,10 @@ def main() -> None:
                 if name not in args.without:
                     system.start(name)
             servers: dict[str, object] = {"postgres": postgres}
-            if isinstance(imap, DovecotServer):
+            own = "bench (pymap, sink)"
+            if isinstance(imap, DovecotServer):  # a process of its own: counted apart
                 servers["dovecot"] = imap
-            own = "bench (sink)" if isinstance(imap, DovecotServer) else "bench (pymap, sink)"
+                own = "bench (sink)"
             cpu = ProcessCpu(server_pids(system, servers), own={own: os.getpid()})
             startup_cpu: dict[str, float] = {}
             startup_steal = 0.0
