@@ -14,26 +14,29 @@ durable by default: fsync on for both sides alike, ``--fast`` turns it off), mig
   (``baselines.ack``, one statement a batch), on both sides alike; the one-job relay
   is not acked (it never fills a window), which only lowers the publisher's ratio.
 * inbox: N ``done`` results pre-loaded into JetStream; a ``mailroom bridge nats``
-  subprocess feeds an in-process ``dramatiq.Worker`` (RedisBroker, 1 process x
-  8 threads, the collector as ``mailroom worker`` has it) running
+  subprocess feeds the inbox's worker as deployed: Dramatiq's CLI as ``mailroom worker
+  -Q inbox`` runs it (``mailroom.dramatiq_main``, RedisBroker), with the processes and
+  threads of ``mailroom dev`` and the compose stack (2 x 8), running
   ``apply_recognition_messages`` (batches the bridge formed)
-  against Postgres; every result must be applied. Baseline, per result too: the same
-  bridge, batching and Worker with a no-op handler (the batch messages are acked
-  without running the actor). Both rates are measured alike: every result, over the
-  time from the bridge's first batch (the actor message's enqueue time) to the last
-  batch finished, so neither the bridge's start nor a lucky first or last batch sets
-  the figure; ``--quick`` still carries 10,000 results (about 100 batches). The
+  against Postgres; every result must be applied. Each worker process times its
+  batches (``bench/inbox_hooks.py``), and the bridge starts once they consume.
+  Baseline, per result too: the same bridge, batching and workers with a no-op handler
+  (the batch messages are acked without running the actor). Both rates are measured
+  alike: every result, over the time from the bridge's first batch (the actor message's
+  enqueue time) to the last batch finished, so neither the bridge's start nor a lucky
+  first or last batch sets the figure; ``--quick`` still carries 10,000 results (about
+  100 batches). The
   baseline runs just before and just after the inbox (each reads every result again)
   and the ratio takes their mean, so a change of load between runs weighs on both
-  sides; each run also prints the CPU per result of the bridge, Worker and Postgres.
+  sides; each run also prints the CPU per result of the bridge, workers and Postgres.
 * outbox, fairer baseline: a batched claim-and-publish loop without the protocol
   (``bench/baselines.py``), ``RESULT outbox_batched ratio=… target=0.8``. Its batch is
   what one pass takes, the smaller of the publish batch and the window (the loop at the
   full publish batch is printed beside it when they differ). It runs just before and just
   after the publisher and the ratio takes their mean, as the inbox's baseline does.
 
-``--prefill`` lets the bridge enqueue every result before the worker starts, to
-see the actor's own rate. Usage: ``uv run python bench/outbox.py [--quick]
+``--prefill`` lets the bridge enqueue every result before the workers start, to
+see the actor's own rate (from the first worker process's start). Usage: ``uv run python bench/outbox.py [--quick]
 [--jobs N] [--results N] [--prefill]``. The
 last lines are ``RESULT outbox ratio=… target=10``, ``RESULT outbox_batched ratio=… target=0.8``
 and ``RESULT inbox ratio=… target=0.5``.
@@ -44,12 +47,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
-import threading
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -64,14 +67,13 @@ import baselines  # noqa: E402
 import durability  # noqa: E402
 from stages import ProcessCpu  # noqa: E402
 
-from mailroom import gc_policy  # noqa: E402
+from mailroom.devtools.dev import WORKER_POLL_MS, WORKER_PROCESSES, WORKER_THREADS  # noqa: E402
 from mailroom.devtools.stack import EmbeddedNats, EmbeddedPostgres, EmbeddedRedis  # noqa: E402
 from mailroom.migrate import upgrade  # noqa: E402
 
 #: The outbox part never runs on fewer queued jobs than this.
 MIN_JOBS = 20_000
 STUCK_AFTER_S = 300.0
-WORKER_THREADS = 8
 
 
 def wait_for(
@@ -230,78 +232,98 @@ async def preload_results(settings: Any, dsn: str, count: int) -> None:
         await client.close()
 
 
-def carried(message: Any) -> int:
-    """How many results one actor message carries (a batch, or one)."""
-    if message.actor_name == "apply_recognition_messages":
-        return len(message.args[0])
-    return 1
-
-
 class Timing:
-    """Dramatiq middleware recording when each message of some actors finished, and its items.
+    """The worker processes' lines (``inbox_hooks.py``): each batch's enqueue and finish time.
 
     Times are wall-clock seconds (``time.time()``), the clock of a message's enqueue time.
     """
 
-    def __init__(self, *actor_names: str) -> None:
-        self.actor_names = set(actor_names)
-        #: When the first of these messages was enqueued (by the bridge).
-        self.first_enqueued: float | None = None
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
         #: Where the window starts instead, when set (``--prefill``: the worker's start).
         self.since: float | None = None
-        self.finished: list[float] = []
-        self.items: list[int] = []
-        self.failed = 0
-        self.lock = threading.Lock()
 
-    def as_middleware(self) -> Any:
-        import dramatiq
+    def _lines(self) -> list[tuple[float, float, int, int]]:
+        lines = []
+        for path in self.folder.glob("*.txt"):
+            for line in path.read_text().splitlines():
+                enqueued, finished, items, failed = line.split()
+                lines.append((float(enqueued), float(finished), int(items), int(failed)))
+        return lines
 
-        timing = self
+    def ready(self) -> int:
+        """Worker processes whose consumers run."""
+        return len(list(self.folder.glob("*.ready")))
 
-        class _Timing(dramatiq.Middleware):
-            def after_process_message(self, broker, message, *, result=None, exception=None):  # type: ignore[no-untyped-def]
-                if message.actor_name not in timing.actor_names:
-                    return
-                enqueued = message.message_timestamp / 1000
-                with timing.lock:
-                    if timing.first_enqueued is None or enqueued < timing.first_enqueued:
-                        timing.first_enqueued = enqueued
-                    timing.finished.append(time.time())
-                    timing.items.append(carried(message))
-                    timing.failed += exception is not None
-
-            def after_skip_message(self, broker, message):  # type: ignore[no-untyped-def]
-                self.after_process_message(broker, message)
-
-        return _Timing()
+    def first_ready(self) -> float:
+        """When the first worker process's consumers ran (wall clock)."""
+        return min(path.stat().st_mtime for path in self.folder.glob("*.ready"))
 
     @property
     def done(self) -> int:
-        return sum(self.items)
+        return sum(items for _, _, items, _ in self._lines())
+
+    def batches(self) -> int:
+        return len(self._lines())
 
     def rate(self) -> float:
         """Every item, per second from the first message's enqueue to the last one finished."""
-        if not self.finished or (self.since or self.first_enqueued) is None:
+        lines = self._lines()
+        if not lines:
             return 0.0
-        return self.done / self.seconds()
+        return sum(items for _, _, items, _ in lines) / self.seconds()
 
     def seconds(self) -> float:
         """The measured window: first enqueue (or ``since``) to the last message finished."""
-        start = self.since or self.first_enqueued or 0.0
-        return max(self.finished) - start
+        lines = self._lines()
+        start = self.since or min(enqueued for enqueued, _, _, _ in lines)
+        return max(finished for _, finished, _, _ in lines) - start
 
 
-def as_deployed_worker() -> None:
-    """The collector as `mailroom worker` has it: 50,000 allocations, what is loaded frozen.
+def worker_command() -> list[str]:
+    """The inbox's worker as ``mailroom worker -Q inbox`` runs it, with the bench's hooks.
 
-    The inbox runs its Worker in this process; at CPython's default (every 700 allocations),
-    with the publisher's phases and every import tracked, the collector took about two thirds
-    of the inbox's parsing and a fifth of its worker CPU, a cost the deployed worker does
-    not pay (dramatiq_main). Both sides of the ratio run after this: like with like.
+    Dramatiq's CLI in ``mailroom.dramatiq_main`` (what ``mailroom worker`` calls), with the
+    processes and threads ``mailroom dev`` and the compose stack give the inbox queue;
+    ``inbox_hooks`` is imported after ``actors`` in every worker process.
     """
-    gc_policy.tune()
-    gc_policy.freeze_loaded()
+    argv = [
+        "actors",
+        "inbox_hooks",
+        "--path",
+        ".",
+        "bench",
+        "-p",
+        WORKER_PROCESSES,
+        "-t",
+        WORKER_THREADS,
+        "--queues",
+        "inbox",
+    ]
+    code = f"import sys; from mailroom import dramatiq_main; sys.exit(dramatiq_main.main({argv!r}))"
+    return [sys.executable, "-c", code]
+
+
+def running(worker: subprocess.Popen[bytes], folder: Path) -> bool:
+    """True while the worker runs; its log's end, and the bench's, when it has stopped."""
+    if worker.poll() is None:
+        return True
+    tail = "\n".join((folder / "worker.log").read_text(errors="replace").splitlines()[-20:])
+    raise SystemExit(f"inbox worker exited with {worker.returncode}:\n{tail}")
+
+
+def start_bridge(env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """``mailroom bridge nats``, reading the results through ``env``'s durable consumer."""
+    code = (
+        "import sys; from mailroom.cli import app; sys.argv = ['mailroom', 'bridge', 'nats']; app()"
+    )
+    return subprocess.Popen(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def run_inbox(
@@ -318,43 +340,46 @@ def run_inbox(
     """Results per second through bridge → actor; ``noop`` skips the actor (the baseline).
 
     Each run reads the preloaded results through its own durable consumer. Prints the CPU
-    per result of the bridge, this process (the Worker) and Postgres: on two cores the
-    three share, their sum bounds the rate.
+    per result of the bridge, the worker processes and Postgres: on two cores the three
+    share, their sum bounds the rate.
     """
-    import dramatiq
-
-    timing = Timing("apply_recognition_messages", "apply_recognition_message")
-    timing_middleware = timing.as_middleware()
-    broker.add_middleware(timing_middleware)
-    skipping = baselines.skipping("apply_recognition_messages") if noop else None
-    # Dramatiq warns of every skipped message: that is the baseline working.
-    logging.getLogger("dramatiq.worker.WorkerThread").setLevel(
-        logging.ERROR if noop else logging.WARNING
-    )
-    if skipping is not None:
-        broker.add_middleware(skipping)
-    env = {**env, "MAILROOM_NATS__INBOX_DURABLE": durable}
-    worker = dramatiq.Worker(broker, queues={"inbox"}, worker_threads=WORKER_THREADS)
-    code = (
-        "import sys; from mailroom.cli import app; sys.argv = ['mailroom', 'bridge', 'nats']; app()"
-    )
-    bridge = subprocess.Popen(
-        [sys.executable, "-c", code],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    if prefill:  # measure the actor alone: the bridge fills the queue before the worker starts
-        t0 = time.perf_counter()
-        wait_for(lambda: queued_results(broker) >= count, "bridge prefill", poll_s=0.2)
-        print(f"bridge enqueued {count} in {time.perf_counter() - t0:.2f}s (incl. startup)")
-        timing.since = time.time()
+    folder = Path(tempfile.mkdtemp(prefix="inbox-timing-"))
+    timing = Timing(folder)
+    env = {
+        **env,
+        "MAILROOM_NATS__INBOX_DURABLE": durable,
+        # As `mailroom worker` sets it: Dramatiq reads its idle wait from the environment.
+        "dramatiq_worker_timeout": str(WORKER_POLL_MS),
+        "BENCH_INBOX_TIMING_DIR": str(folder),
+        "BENCH_INBOX_NOOP": "1" if noop else "0",
+    }
+    worker: subprocess.Popen[bytes] | None = None
+    bridge: subprocess.Popen[bytes] | None = None
     postmaster = int((pgdata / "postmaster.pid").read_text().split()[0])
-    cpu = ProcessCpu({"postgres": postmaster}, own={"worker": os.getpid()})
-    worker.start()
     try:
-        wait_for(lambda: timing.done >= count, "inbox results applied")
+        if prefill:  # measure the actor alone: the bridge fills the queue before the workers start
+            bridge = start_bridge(env)
+            t0 = time.perf_counter()
+            wait_for(lambda: queued_results(broker) >= count, "bridge prefill", poll_s=0.2)
+            print(f"bridge enqueued {count} in {time.perf_counter() - t0:.2f}s (incl. startup)")
+        with (folder / "worker.log").open("wb") as log:
+            worker = subprocess.Popen(worker_command(), cwd=ROOT, env=env, stdout=log, stderr=log)
+        # Otherwise the bridge starts once the workers consume: neither side counts their start.
+        wait_for(
+            lambda: running(worker, folder) and timing.ready() >= int(WORKER_PROCESSES),
+            "inbox workers",
+            poll_s=0.05,
+        )
+        cpu = ProcessCpu({"postgres": postmaster, "worker": worker.pid})
+        if bridge is None:
+            bridge = start_bridge(env)
+        else:
+            timing.since = timing.first_ready()
+        wait_for(
+            lambda: running(worker, folder) and timing.done >= count,
+            "inbox results applied",
+            poll_s=0.05,
+        )
         bridge_s = ProcessCpu({"bridge": bridge.pid}).base["bridge"]  # since its start
         used = cpu.since_start()
         worker_s, postgres_s = used["worker"], used["postgres"]
@@ -363,26 +388,22 @@ def run_inbox(
             f"worker {worker_s / count * 1e6:.0f} us, Postgres {postgres_s / count * 1e6:.0f} us"
         )
     finally:
-        bridge.send_signal(signal.SIGTERM)
-        bridge.wait(30)
-        worker.stop()
-        # This run's middleware goes with it, the Worker's own too: the next run's Worker adds
-        # its own, and two would each start consumers for the queue.
-        for middleware in list(broker.middleware):
-            if middleware in (skipping, timing_middleware) or isinstance(
-                middleware, dramatiq.worker._WorkerMiddleware
-            ):
-                broker.middleware.remove(middleware)
+        for process in (bridge, worker):
+            if process is not None:
+                process.send_signal(signal.SIGTERM)
+                process.wait(30)
     with psycopg.connect(dsn) as conn:
         applied = conn.execute(
             "SELECT count(*) FROM recognition_job WHERE status = 'done'"
         ).fetchone()
-    batches = len(timing.finished)
+    batches = timing.batches()
     print(
         f"inbox{' baseline' if noop else ''}: {timing.done} results in {batches} actor messages "
         f"({timing.done / batches:.0f} per message) in {timing.seconds():.2f}s"
     )
-    return timing.rate(), int(applied[0]) if applied else 0
+    rate = timing.rate()
+    shutil.rmtree(folder, ignore_errors=True)
+    return rate, int(applied[0]) if applied else 0
 
 
 def queued_results(broker: Any) -> int:
@@ -404,8 +425,9 @@ def main() -> int:
     )
     durability.add_flags(parser)
     args = parser.parse_args()
-    jobs = max(args.jobs, MIN_JOBS)
     results = args.results or 10_000
+    # Each result answers a published job: never fewer jobs than results.
+    jobs = max(args.jobs, MIN_JOBS, results)
     relay_seconds = 4.0 if args.quick else 15.0
 
     with durability.temporary_state(args, "mailroom-bench-outbox-") as state:
@@ -477,7 +499,6 @@ def main() -> int:
             import actors  # noqa: F401  (builds the RedisBroker from the environment above)
 
             broker = dramatiq.get_broker()
-            as_deployed_worker()
             # The baseline runs before and after the inbox, each reading every result again
             # (a consumer of its own): their mean brackets the load the inbox ran under.
             noop_rates = []

@@ -40,6 +40,8 @@ logger = logging.getLogger(__name__)
 WORKER_POLL_MS = BrokerSettings().worker_poll_ms
 #: Worker processes of ``mailroom dev`` (and of the e2e harness and benchmarks).
 WORKER_PROCESSES = "2"
+#: Threads of each of those processes (also the compose stack's inbox and delivery workers).
+WORKER_THREADS = "8"
 #: The queues of that worker: every queue but intake, which ``worker-intake`` runs.
 WORKER_QUEUES = ("outbox", "inbox", "mapping", "delivery", "maintenance", "system")
 
@@ -103,7 +105,7 @@ def process_specs() -> list[tuple[str, list[str]]]:
         # loop: two use both cores of a small machine.
         (
             "worker",
-            [python, "-m", "mailroom", "worker", "--processes", WORKER_PROCESSES, "--threads", "8"]
+            [python, "-m", "mailroom", "worker", "-p", WORKER_PROCESSES, "-t", WORKER_THREADS]
             + [arg for queue in WORKER_QUEUES for arg in ("-Q", queue)],
         ),
         # Intake has a process of its own, as in the compose stack: polls then wait neither
