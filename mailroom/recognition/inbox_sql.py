@@ -62,16 +62,18 @@ REGISTER = psycopg_sql(
         """
     INSERT INTO stored_object (bucket_role, bucket, key, created_by)
     SELECT 'results', r.bucket, r.key, r.created_by
-      FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(bucket text, key text, created_by text)
+      FROM json_to_recordset(CAST(:rows AS json)) AS r(bucket text, key text, created_by text)
      ORDER BY r.bucket, r.key
     ON CONFLICT (bucket, key) DO NOTHING
     """
     )
 )
 
+# The rows come as ``json``, not ``jsonb``: read once, they need no ``jsonb`` built first
+# (100 job rows: 0.75-0.83 ms against 1.02-1.06 in a loop of ``*_to_recordset`` alone).
 # The jobs and their current files in one statement (Postgres runs a data-modifying WITH
 # whether or not the main statement reads it). The ``= ANY`` arrays steer the planner to the
-# primary keys: it cannot size ``jsonb_to_recordset`` and would scan both tables. A file follows
+# primary keys: it cannot size ``json_to_recordset`` and would scan both tables. A file follows
 # only its current job and leaves UPLOADED only forward; an error result fails it; a revived
 # job's answer replaces the NO_ACK ERROR (revive.py). The batch's recorded attempt ends with it
 # (``:attempt``, NULL for a message applied alone: inbox_attempts.py).
@@ -96,7 +98,7 @@ WRITE_BACK = psycopg_sql(
                    ELSE (SELECT o.id FROM stored_object AS o
                           WHERE o.bucket = r.result_bucket AND o.key = r.result_key) END,
                result_msg_id = r.result_msg_id
-          FROM jsonb_to_recordset(CAST(:jobs AS jsonb)) AS r(
+          FROM json_to_recordset(CAST(:jobs AS json)) AS r(
                id uuid, status text, started_at timestamptz, finished_at timestamptz,
                service_name text, service_version text, metrics_changed boolean, metrics jsonb,
                fields_total int, fields_low_confidence int, fields_unrecognized int,
@@ -109,7 +111,7 @@ WRITE_BACK = psycopg_sql(
        SET status = CASE WHEN r.error THEN 'ERROR' ELSE 'PROCESSING' END,
            status_reason = CASE WHEN r.error OR r.revived THEN r.reason ELSE f.status_reason END,
            updated_at = COALESCE(CAST(:now AS timestamptz), now())
-      FROM jsonb_to_recordset(CAST(:files AS jsonb))
+      FROM json_to_recordset(CAST(:files AS json))
            AS r(job_id uuid, file_id bigint, error boolean, revived boolean, reason text)
      WHERE f.id = r.file_id AND f.id = ANY(CAST(:file_ids AS bigint[]))
        AND f.current_recognition_job_id = r.job_id
@@ -149,7 +151,7 @@ def locked_rows(names: list[str], result: list[tuple[Any, ...]]) -> list[dict[st
 
 
 def to_json(value: Any) -> str:
-    """Compact JSON for the ``jsonb_to_recordset`` parameters; datetimes as ISO text.
+    """Compact JSON for the ``json_to_recordset`` parameters; datetimes as ISO text.
 
     pydantic's serializer: several times faster than ``json.dumps`` with a ``default``
     hook on a batch's rows (datetimes, uuids), with the same output for Postgres.
