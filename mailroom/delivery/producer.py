@@ -68,7 +68,7 @@ _INSERT_MESSAGES = text(
                                  mail_id, document_id, status)
     SELECT r.channel, COALESCE(r.account, 'default'), r.recipient, r.subject, r.body,
            r.dedupe_key, r.mail_id, r.document_id, 'pending'
-      FROM jsonb_to_recordset(CAST(:messages AS jsonb))
+      FROM json_to_recordset(CAST(:messages AS json))
            AS r(channel text, account text, recipient text, subject text, body text,
                 dedupe_key text, mail_id bigint, document_id bigint)
     ON CONFLICT (dedupe_key) DO NOTHING

@@ -53,7 +53,7 @@ SUCCEED = """
     UPDATE channel_message AS m
        SET status = 'delivered', delivered_at = now(), chunks = v.chunks,
            last_error = NULL, next_retry_at = NULL
-      FROM jsonb_to_recordset(CAST(%(rows)s AS jsonb)) AS v(id bigint, attempts integer, chunks jsonb)
+      FROM json_to_recordset(CAST(%(rows)s AS json)) AS v(id bigint, attempts integer, chunks jsonb)
      WHERE m.id = v.id AND m.attempts = v.attempts AND m.status = 'sending'
     RETURNING m.id
     """

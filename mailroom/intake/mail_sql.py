@@ -51,7 +51,7 @@ WITH fence AS (
     INSERT INTO stored_object (bucket_role, bucket, key, size, sha256, media_type, created_by)
     SELECT o.bucket_role, o.bucket, o.key, o.size, o.sha256, o.media_type,
         CAST(%(created_by)s AS text)
-    FROM jsonb_to_recordset(CAST(%(objects)s AS jsonb)) AS o(
+    FROM json_to_recordset(CAST(%(objects)s AS json)) AS o(
         bucket_role text, bucket text, key text, size bigint, sha256 text, media_type text
     ), go
     ON CONFLICT (bucket, key) DO UPDATE SET bucket = EXCLUDED.bucket
@@ -91,7 +91,7 @@ WITH fence AS (
     FROM (
         SELECT mail.id AS mail_id, f.*
         FROM mail
-        CROSS JOIN jsonb_to_recordset(CAST(%(files)s AS jsonb)) AS f(
+        CROSS JOIN json_to_recordset(CAST(%(files)s AS json)) AS f(
             position integer, bucket text, key text, original_name text, file_type text,
             media_type text, size bigint, status text, status_reason text, job_id uuid,
             parent_position integer, source_path text, type_rule text
@@ -114,7 +114,7 @@ WITH fence AS (
     INSERT INTO recognition_job (id, file_id, pipeline, status, attempt)
     SELECT files.current_recognition_job_id, files.id, j.pipeline, 'queued', 1
     FROM files
-    JOIN jsonb_to_recordset(CAST(%(files)s AS jsonb)) AS j(job_id uuid, pipeline text)
+    JOIN json_to_recordset(CAST(%(files)s AS json)) AS j(job_id uuid, pipeline text)
       ON j.job_id = files.current_recognition_job_id
     RETURNING id
 )

@@ -55,7 +55,7 @@ _WRITE = text(
                               missing_fields, low_confidence_fields, status, created_at)
         SELECT d.file_id, d.job_id, d.document_type, d.fields, d.field_confidence,
                d.missing_fields, d.low_confidence_fields, d.status, :now
-          FROM jsonb_to_recordset(CAST(:documents AS jsonb))
+          FROM json_to_recordset(CAST(:documents AS json))
                AS d(file_id bigint, job_id uuid, document_type text, fields jsonb,
                     field_confidence jsonb, missing_fields jsonb, low_confidence_fields jsonb,
                     status text)
@@ -67,14 +67,14 @@ _WRITE = text(
                status = CASE WHEN r.broke_contract THEN 'error' ELSE j.status END,
                error_code = COALESCE(r.error_code, j.error_code),
                error_message = COALESCE(r.error_message, j.error_message)
-          FROM jsonb_to_recordset(CAST(:jobs AS jsonb))
+          FROM json_to_recordset(CAST(:jobs AS json))
                AS r(id uuid, broke_contract boolean, error_code text, error_message text)
          WHERE j.id = r.id
         RETURNING j.id
     ), settled AS (
         UPDATE stored_file AS f
            SET status = r.status, status_reason = r.reason, updated_at = :now
-          FROM jsonb_to_recordset(CAST(:files AS jsonb))
+          FROM json_to_recordset(CAST(:files AS json))
                AS r(file_id bigint, job_id uuid, status text, reason text)
          WHERE f.id = r.file_id AND f.current_recognition_job_id = r.job_id
         RETURNING f.id
