@@ -372,6 +372,10 @@ async def test_invalid_request_log_line_carries_no_body(
     handler = _Lines()
     logger = logging.getLogger("mailroom.recognition.reference")
     logger.addHandler(handler)
+    # Its own level, not the root's: another test in this process may have left the root
+    # above WARNING (a full run once caught no line here; alone it always did).
+    level = logger.level
+    logger.setLevel(logging.WARNING)
     try:
         await recognizer_client.publish_raw(
             nats_settings.subject(nats_settings.tabular_subject), secret
@@ -380,6 +384,7 @@ async def test_invalid_request_log_line_carries_no_body(
         await recognizer_client.ack_and_result()
     finally:
         logger.removeHandler(handler)
+        logger.setLevel(level)
 
     (line,) = [line for line in handler.lines if "invalid request" in line]
     assert "salary" not in line
