@@ -533,34 +533,26 @@ def main() -> int:
             inbox_rates: list[float] = []
             snapshot_answers(dsn)
             for run in range(5):
-                if run % 2 == 0:
-                    noop_rate, _ = run_inbox(
-                        broker,
-                        results,
-                        env,
-                        dsn,
-                        postgres.pgdata,
-                        prefill=args.prefill,
-                        noop=True,
-                        durable=f"bench-noop-{run}",
-                    )
-                    noop_rates.append(noop_rate)
-                    print(f"inbox baseline (bridge -> no-op handler): {noop_rate:.0f} results/s")
-                    continue
-                if inbox_rates:
+                noop = run % 2 == 0
+                if not noop and inbox_rates:
                     restore_answers(dsn)  # the jobs wait for their results again
-                inbox_rate, applied = run_inbox(
+                rate, applied = run_inbox(
                     broker,
                     results,
                     env,
                     dsn,
                     postgres.pgdata,
                     prefill=args.prefill,
-                    durable=f"bench-inbox-{run}",
+                    noop=noop,
+                    durable=f"bench-{'noop' if noop else 'inbox'}-{run}",
                 )
-                inbox_rates.append(inbox_rate)
+                if noop:
+                    noop_rates.append(rate)
+                    print(f"inbox baseline (bridge -> no-op handler): {rate:.0f} results/s")
+                    continue
+                inbox_rates.append(rate)
                 print(
-                    f"inbox (bridge -> actor -> Postgres): {inbox_rate:.0f} results/s, "
+                    f"inbox (bridge -> actor -> Postgres): {rate:.0f} results/s, "
                     f"{applied} of {results} applied"
                 )
                 if applied != results:
