@@ -25,20 +25,20 @@ durable by default: fsync on for both sides alike, ``--fast`` turns it off), mig
   alike: every result, over the time from the bridge's first batch (the actor message's
   enqueue time) to the last batch finished, so neither the bridge's start nor a lucky
   first or last batch sets the figure; ``--quick`` still carries 10,000 results (about
-  100 batches). The
-  inbox runs twice (its jobs put back to waiting between), the baseline just before,
-  between and just after (each run reads every result again), and the ratio takes the
-  means, so a change of load or of the host's speed between runs weighs on both sides;
-  each run also prints the CPU per result of the bridge, workers and Postgres.
+  100 batches). The inbox runs twice (its jobs put back to waiting between), the
+  baseline just before, between and just after (each run reads every result again), and
+  the ratio takes the means, so a change of load or of the host's speed between runs
+  weighs on both sides; each run also prints the CPU per result of the bridge, workers
+  and Postgres.
 * outbox, fairer baseline: a batched claim-and-publish loop without the protocol
   (``bench/baselines.py``), ``RESULT outbox_batched ratio=… target=0.8``. Its batch is
   what one pass takes, the smaller of the publish batch and the window (the loop at the
   full publish batch is printed beside it when they differ). It runs just before and just
-  after the publisher and the ratio takes their mean, as the inbox's baseline does.
+  after the publisher and the ratio takes their mean (the inbox brackets its runs alike).
 
 ``--prefill`` lets the bridge enqueue every result before the workers start, to
-see the actor's own rate (from the first worker process's start). Usage: ``uv run python bench/outbox.py [--quick]
-[--jobs N] [--results N] [--prefill]``. The
+see the actor's own rate (from the first worker process's start). Usage:
+``uv run python bench/outbox.py [--quick] [--jobs N] [--results N] [--prefill]``. The
 last lines are ``RESULT outbox ratio=… target=10``, ``RESULT outbox_batched ratio=… target=0.8``
 and ``RESULT inbox ratio=… target=0.5``.
 """
@@ -268,6 +268,10 @@ class Timing:
     def batches(self) -> int:
         return len(self._lines())
 
+    def failed(self) -> int:
+        """Batch messages whose actor raised (Dramatiq retries them)."""
+        return sum(failed for _, _, _, failed in self._lines())
+
     def rate(self) -> float:
         """Every item, per second from the first message's enqueue to the last one finished."""
         lines = self._lines()
@@ -399,9 +403,11 @@ def run_inbox(
             "SELECT count(*) FROM recognition_job WHERE status = 'done'"
         ).fetchone()
     batches = timing.batches()
+    failed = timing.failed()
     print(
         f"inbox{' baseline' if noop else ''}: {timing.done} results in {batches} actor messages "
         f"({timing.done / batches:.0f} per message) in {timing.seconds():.2f}s"
+        + (f", {failed} of them failed once" if failed else "")
     )
     rate = timing.rate()
     shutil.rmtree(folder, ignore_errors=True)
