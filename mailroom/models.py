@@ -271,11 +271,13 @@ class RecognitionJob(Base):
             ),
         ),
         # The health gate's answer clock: the last ack and the last result per pipeline.
+        # Acked jobs only: a job waiting for its ack (every new and every published one) has
+        # no entry, where each was one more in a run of equal (pipeline, NULL) keys.
         Index(
             "ix_recognition_job_acked",
             "pipeline",
             "started_at",
-            postgresql_where=text("kind = 'automatic'"),
+            postgresql_where=text("kind = 'automatic' AND started_at IS NOT NULL"),
         ),
         Index(
             "ix_recognition_job_answered",

@@ -54,7 +54,8 @@ _CLOCK = text(
            (SELECT min(published_at) FROM recognition_job
              WHERE status = 'published' AND pipeline = p.pipeline) AS oldest_unacked,
            (SELECT max(started_at) FROM recognition_job
-             WHERE kind = 'automatic' AND pipeline = p.pipeline) AS last_ack,
+             WHERE kind = 'automatic' AND started_at IS NOT NULL
+               AND pipeline = p.pipeline) AS last_ack,
            (SELECT max(finished_at) FROM recognition_job
              WHERE result_msg_id IS NOT NULL AND pipeline = p.pipeline) AS last_result,
            g.closed_at, g.reason

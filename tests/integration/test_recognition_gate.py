@@ -253,3 +253,41 @@ async def test_a_held_pipeline_still_publishes_new_requests_and_the_other_pipeli
     ), "the deadline the reopening gate will give"
     job = await recognition_factory.job(held_waiting.job_id)
     assert (job["status"], job["metrics"]) == ("published", {})
+
+
+async def test_the_ack_clock_reads_an_index_of_the_acked_jobs_only(
+    recognition_factory, db_sessions
+):
+    from sqlalchemy import text
+
+    from mailroom.db import autocommit
+    from mailroom.recognition.gate import _CLOCK
+    from tests.fixtures.plans import plan_nodes
+
+    # Given one acked job and thousands of jobs still waiting for their acks
+    await recognition_factory.create_job(status="processing", started_at=T0)
+    waiting = await recognition_factory.create_job(status="published", published_at=T0)
+    async with autocommit(db_sessions) as connection:
+        await connection.execute(
+            text(
+                "INSERT INTO recognition_job (id, file_id, pipeline, status, attempt) "
+                "SELECT gen_random_uuid(), file_id, pipeline, 'published', 1 + n "
+                "FROM recognition_job, generate_series(1, 5000) AS n WHERE id = :id"
+            ),
+            {"id": waiting.job_id},
+        )
+        await connection.execute(text("VACUUM ANALYZE recognition_job"))
+        entries = (
+            await connection.execute(
+                text("SELECT reltuples FROM pg_class WHERE relname = 'ix_recognition_job_acked'")
+            )
+        ).scalar_one()
+        clock = str(_CLOCK).replace(":pipelines", "'{tabular}'")
+        [plan] = (await connection.exec_driver_sql("EXPLAIN (FORMAT JSON) " + clock)).scalar_one()
+        last_ack = (await connection.exec_driver_sql(clock)).one().last_ack
+
+    # Then the ack index holds the acked job alone, and the gate's last ack comes from it
+    assert entries == 1, "jobs waiting for their ack have no entry"
+    indexes = {node.get("Index Name") for node in plan_nodes(plan["Plan"])}
+    assert "ix_recognition_job_acked" in indexes, indexes
+    assert last_ack == T0
