@@ -22,23 +22,24 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 
-def upgrade() -> None:
+ACKED_ONLY = "kind = 'automatic' AND started_at IS NOT NULL"
+EVERY_AUTOMATIC = "kind = 'automatic'"
+
+
+def _recreate(where: str) -> None:
     op.drop_index("ix_recognition_job_acked", table_name="recognition_job")
     op.create_index(
         "ix_recognition_job_acked",
         "recognition_job",
         ["pipeline", "started_at"],
         unique=False,
-        postgresql_where=sa.text("kind = 'automatic' AND started_at IS NOT NULL"),
+        postgresql_where=sa.text(where),
     )
+
+
+def upgrade() -> None:
+    _recreate(ACKED_ONLY)
 
 
 def downgrade() -> None:
-    op.drop_index("ix_recognition_job_acked", table_name="recognition_job")
-    op.create_index(
-        "ix_recognition_job_acked",
-        "recognition_job",
-        ["pipeline", "started_at"],
-        unique=False,
-        postgresql_where=sa.text("kind = 'automatic'"),
-    )
+    _recreate(EVERY_AUTOMATIC)
