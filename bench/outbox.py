@@ -68,7 +68,7 @@ import baselines  # noqa: E402
 import durability  # noqa: E402
 from stages import ProcessCpu  # noqa: E402
 
-from mailroom.devtools.dev import WORKER_POLL_MS, WORKER_PROCESSES, WORKER_THREADS  # noqa: E402
+from mailroom.devtools.dev import WORKER_PROCESSES, WORKER_THREADS  # noqa: E402
 from mailroom.devtools.stack import EmbeddedNats, EmbeddedPostgres, EmbeddedRedis  # noqa: E402
 from mailroom.migrate import upgrade  # noqa: E402
 from mailroom.recognition.inbox_sql import WRITTEN  # noqa: E402
@@ -354,8 +354,6 @@ def run_inbox(
     env = {
         **env,
         "MAILROOM_NATS__INBOX_DURABLE": durable,
-        # As `mailroom worker` sets it: Dramatiq reads its idle wait from the environment.
-        "dramatiq_worker_timeout": str(WORKER_POLL_MS),
         "BENCH_INBOX_TIMING_DIR": str(folder),
         "BENCH_INBOX_NOOP": "1" if noop else "0",
     }

@@ -72,8 +72,12 @@ def reloadable_argv() -> None:
 def main(argv: list[str] | None = None, *, settings: Settings | None = None) -> int:
     """Dramatiq's CLI with ``argv`` (default: this process's arguments); its exit code."""
     gc_policy.tune()  # the worker processes it forks inherit the thresholds
+    settings = settings or Settings()
+    # Dramatiq reads its idle wait (consumers and worker threads) from the environment; set
+    # here, ``python -m mailroom.dramatiq_main`` waits as ``mailroom worker`` does.
+    os.environ.setdefault("dramatiq_worker_timeout", str(settings.broker.worker_poll_ms))
     # Logging only: Sentry and the broker belong to the worker processes (``import actors``).
-    configure_logging(settings or Settings(), process="worker-main")
+    configure_logging(settings, process="worker-main")
     args = make_argument_parser().parse_args(argv)  # type: ignore[no-untyped-call]
     import_shared_modules(args.queues)
     # Dramatiq's main process writes its workers' output to its stderr unless it has a log

@@ -123,8 +123,6 @@ def worker(
     args += list(ctx.args)
     settings = Settings()
     broker = settings.broker
-    # Dramatiq reads its idle wait (consumers and worker threads) from the environment.
-    os.environ.setdefault("dramatiq_worker_timeout", str(broker.worker_poll_ms))
     if broker.prometheus:
         # Dramatiq's exporter runs in a process forked from its main process, which never
         # imports the actors: it finds its address only in the environment.
