@@ -57,6 +57,13 @@ WORKER_QUEUES = ("outbox", "inbox", "mapping", "delivery", "maintenance", "syste
 PROCESS_NICE = {"worker": 10, "bridge-nats": 10, "bridge-stream": 10, "recognizer": 10}
 
 
+def dev_child(
+    spec: str, args: list[str], env: dict[str, str], log_path: Path, *, label: str | None = None
+) -> Child:
+    """The process ``spec`` of ``process_specs`` as a supervised child, at its CPU priority."""
+    return Child(label or spec, args, env, log_path, nice=PROCESS_NICE.get(spec, 0))
+
+
 def dev_mailboxes(configured: str | None, *, imap_port: int = DEV_IMAP_PORT) -> str:
     """``MAILROOM_INTAKE__MAILBOXES`` for dev: served by the dev IMAP server, in plain text.
 
@@ -207,9 +214,7 @@ def run_dev(
         for name, value in _dev_delivery_env(webhook, smtp).items():
             env.setdefault(name, value)
         for name, args in process_specs():
-            supervisor.add(
-                Child(name, args, env, logs / f"{name}.log", nice=PROCESS_NICE.get(name, 0))
-            )
+            supervisor.add(dev_child(name, args, env, logs / f"{name}.log"))
         _print_ready(console, settings, state, supervisor, webhook, smtp, imap)
         view = StageView(psycopg_dsn(settings.database), console)
         while not stopping.wait(1.0):

@@ -18,7 +18,7 @@ from typing import Any
 
 import psycopg
 
-from mailroom.devtools.dev import PROCESS_NICE, WORKER_POLL_MS, process_specs
+from mailroom.devtools.dev import WORKER_POLL_MS, dev_child, process_specs
 from mailroom.devtools.imap import ImapServer, demo_mailbox
 from mailroom.devtools.sinks import WebhookSink
 from mailroom.devtools.supervisor import Child, Supervisor
@@ -54,12 +54,8 @@ class System:
         """
         args = dict(process_specs())[name] + (extra_args or [])
         label = label or name
-        child = Child(
-            label,
-            args,
-            {**self.env, **(env or {})},
-            self.logs / f"{label}.log",
-            nice=PROCESS_NICE.get(name, 0),
+        child = dev_child(
+            name, args, {**self.env, **(env or {})}, self.logs / f"{label}.log", label=label
         )
         self.supervisor.add(child)
         return child
