@@ -74,6 +74,13 @@ def _in(column: str, values: tuple[str, ...]) -> str:
     return f"{column} IN ({quoted})"
 
 
+def _references(table: str, column: str) -> Index:
+    """The index Postgres looks up the rows referring to a deleted row by (its foreign key
+    ``column``): without one, each deleted row reads all of ``table``. Partial: only rows
+    that refer to something have an entry."""
+    return Index(f"ix_{table}_{column}", column, postgresql_where=text(f"{column} IS NOT NULL"))
+
+
 def _now() -> Any:
     return mapped_column(DateTime(timezone=True), server_default=func.now(), nullable=False)
 
@@ -137,6 +144,7 @@ class InboundMail(Base):
             "created_at",
             postgresql_where=text("purged_at IS NULL"),
         ),
+        _references("inbound_mail", "raw_object_id"),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -208,7 +216,13 @@ class StoredFile(Base):
     """An attachment (or uploaded file) and where its recognition stands."""
 
     __tablename__ = "stored_file"
-    __table_args__ = (CheckConstraint(_in("status", FILE_STATUSES), name="status"),)
+    # NOTE: the table has a fill factor of 70 (migration 0015): a status change finds room
+    # on its page and updates the row in place, with no index entries.
+    __table_args__ = (
+        CheckConstraint(_in("status", FILE_STATUSES), name="status"),
+        _references("stored_file", "object_id"),
+        _references("stored_file", "parent_file_id"),
+    )
 
     id: Mapped[int] = mapped_column(primary_key=True)
     mail_id: Mapped[int | None] = mapped_column(ForeignKey("inbound_mail.id"), index=True)
@@ -285,6 +299,7 @@ class RecognitionJob(Base):
             "finished_at",
             postgresql_where=text("result_msg_id IS NOT NULL"),
         ),
+        _references("recognition_job", "result_object_id"),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True, default=uuid.uuid4)
@@ -370,6 +385,7 @@ class ChannelMessage(Base):
             "enqueued_at",
             postgresql_where=text("status IN ('pending', 'sending')"),
         ),
+        _references("channel_message", "document_id"),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)

@@ -35,3 +35,60 @@ def test_each_test_gets_its_own_migrated_database(database_url, postgres_server)
     with psycopg.connect(postgres_server.dsn(name)) as conn:
         count = conn.execute("SELECT count(*) FROM recognition_job").fetchone()
     assert count == (0,)
+
+
+# Each foreign key and the indexes of its table whose leading columns are the key's own,
+# with their predicates: deleting a referred-to row looks its referrers up through one.
+_FOREIGN_KEYS = """
+    SELECT c.conrelid::regclass::text AS tab, c.conname,
+           array_agg(pg_get_indexdef(i.indexrelid) ORDER BY i.indexrelid)
+               FILTER (WHERE i.indexrelid IS NOT NULL) AS indexes
+      FROM pg_constraint AS c
+      LEFT JOIN pg_index AS i
+        ON i.indrelid = c.conrelid
+       AND (i.indkey::int2[])[0:cardinality(c.conkey) - 1] = c.conkey
+     WHERE c.contype = 'f' AND c.connamespace = 'public'::regnamespace
+     GROUP BY 1, 2
+     ORDER BY 1, 2
+"""
+
+
+def test_every_foreign_key_has_an_index_for_deletes_of_the_rows_it_refers_to(
+    database_url, postgres_server
+):
+    name = database_url.rsplit("/", 1)[1]
+    with psycopg.connect(postgres_server.dsn(name)) as conn:
+        keys = conn.execute(_FOREIGN_KEYS).fetchall()
+        # The referrers of a released object, as Postgres's own check on its delete asks.
+        conn.execute("SET enable_seqscan = off")
+        plan = "\n".join(
+            row[0]
+            for row in conn.execute(
+                "EXPLAIN SELECT 1 FROM recognition_job WHERE result_object_id = 42"
+            )
+        )
+    assert len(keys) >= 8  # every foreign key of the schema is looked at
+    unindexed = [f"{table}.{key}" for table, key, indexes in keys if not indexes]
+    assert unindexed == []
+    assert "ix_recognition_job_result_object_id" in plan
+
+
+def test_file_status_changes_update_in_place_on_pages_with_room(database_url, postgres_server):
+    name = database_url.rsplit("/", 1)[1]
+    with psycopg.connect(postgres_server.dsn(name)) as conn:
+        (options,) = conn.execute(
+            "SELECT reloptions FROM pg_class WHERE relname = 'stored_file'"
+        ).fetchone()
+        conn.execute(
+            "INSERT INTO stored_file (original_name, file_type)"
+            " SELECT 'invoice-' || n || '.csv', 'csv' FROM generate_series(1, 500) AS n"
+        )
+        conn.execute("UPDATE stored_file SET status = 'PROCESSING', updated_at = now()")
+        # This transaction's counts: no other test's updates, no wait for the stats to flush.
+        (hot,) = conn.execute(
+            "SELECT n_tup_hot_upd FROM pg_stat_xact_user_tables WHERE relname = 'stored_file'"
+        ).fetchone()
+        conn.rollback()
+    assert options == ["fillfactor=70"]
+    # Full pages (the default fill factor) update a row or two in place: the last page's.
+    assert hot >= 100
