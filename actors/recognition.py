@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 import logging
@@ -11,6 +10,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import dramatiq
+from dramatiq.asyncio import async_to_sync
 
 from actors import queues
 from actors.notifications import request_notification_pass
@@ -126,13 +126,27 @@ async def apply_recognition_message(subject: str, data: str, headers: dict[str, 
 @dramatiq.actor(
     **actor_names.APPLY_RECOGNITION_MESSAGES.declared, retry_policy=RetryPolicy(max_attempts=20)
 )
-async def apply_recognition_messages(messages: list[dict[str, Any]]) -> None:
+def apply_recognition_messages(messages: list[dict[str, Any]]) -> None:
     """Apply a batch of acks and results in one transaction (ARCHITECTURE.md, Recognition).
 
     Each item is ``{"subject", "data" (base64 body), "headers"}``, as the NATS
     bridge forwards them. A message the inbox could not apply even on its own is
     sent on as its own ``apply_recognition_message``, so it retries alone.
+
+    The batch is applied on the worker's event loop; its follow-up messages are sent from
+    this worker thread once it is back (broker calls block: here they hold up no other
+    batch, and no executor thread is woken for them, a hop per batch).
     """
+    followups = _apply_batch_on_loop(messages)
+    if followups is not None:
+        _send_inbox_followups(*followups)
+
+
+async def _apply_batch(
+    messages: list[dict[str, Any]],
+) -> tuple[list[str], list[tuple[InboxMessage, str]], bool] | None:
+    """The batch applied; its follow-ups: jobs to map, messages to retry alone, a publish
+    pass. ``None`` when no item was a message."""
     encoded: list[str] = []
     decoded: list[InboxMessage] = []
     for item in messages if isinstance(messages, list) else [messages]:
@@ -144,7 +158,7 @@ async def apply_recognition_messages(messages: list[dict[str, Any]]) -> None:
             encoded.append(item["data"])
             decoded.append(message)
     if not decoded:
-        return
+        return None
     resources = current()
     outcomes = await inbox.apply_recognition_messages(
         await resources.sessions(),
@@ -160,9 +174,10 @@ async def apply_recognition_messages(messages: list[dict[str, Any]]) -> None:
         for message, data, outcome in zip(decoded, encoded, outcomes, strict=True)
         if outcome.applied == "failed"
     ]
-    publish = await _publishes_more(o.applied for o in outcomes)
-    # NOTE: broker calls block; off the loop they leave the other inbox batches running.
-    await asyncio.to_thread(_send_inbox_followups, map_job_ids, failed, publish)
+    return map_job_ids, failed, await _publishes_more(o.applied for o in outcomes)
+
+
+_apply_batch_on_loop = async_to_sync(_apply_batch)
 
 
 def _send_inbox_followups(
