@@ -9,7 +9,8 @@ are partial: only rows that refer to something have an entry.
 
 ``stored_file`` gets a fill factor of 70: its status changes touch no indexed column, so
 with room on the page Postgres updates a file in place (HOT) and enters nothing in its
-indexes; on full pages every status change added an entry to each of them.
+indexes; on full pages every status change added an entry to each of them. The setting
+applies to pages written from now on (``VACUUM FULL stored_file`` repacks the old ones).
 
 Revision ID: 0015
 Revises: 0014

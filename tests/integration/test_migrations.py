@@ -37,16 +37,19 @@ def test_each_test_gets_its_own_migrated_database(database_url, postgres_server)
     assert count == (0,)
 
 
-# Each foreign key and the indexes of its table whose leading columns are the key's own,
-# with their predicates: deleting a referred-to row looks its referrers up through one.
+# Each foreign key and the indexes of its table that deleting a referred-to row can look its
+# referrers up through: the key's columns first, and no predicate but the key's NOT NULL.
 _FOREIGN_KEYS = """
     SELECT c.conrelid::regclass::text AS tab, c.conname,
            array_agg(pg_get_indexdef(i.indexrelid) ORDER BY i.indexrelid)
                FILTER (WHERE i.indexrelid IS NOT NULL) AS indexes
       FROM pg_constraint AS c
+      JOIN pg_attribute AS a ON a.attrelid = c.conrelid AND a.attnum = c.conkey[1]
       LEFT JOIN pg_index AS i
         ON i.indrelid = c.conrelid
        AND (i.indkey::int2[])[0:cardinality(c.conkey) - 1] = c.conkey
+       AND (i.indpred IS NULL
+            OR pg_get_expr(i.indpred, i.indrelid) = format('(%I IS NOT NULL)', a.attname))
      WHERE c.contype = 'f' AND c.connamespace = 'public'::regnamespace
      GROUP BY 1, 2
      ORDER BY 1, 2
