@@ -5,11 +5,14 @@ fetches again. Every idle queue of every worker process then costs a script call
 poll (7 queues and their 7 delay queues at 100 ms: about 190 calls/s, a tenth of a core
 per process), and a message waits for the next poll of its queue at every actor hop.
 
-Here every enqueue also PUBLISHes its queue's name on one channel per namespace. One
-thread per worker process listens and wakes that queue's consumer, which otherwise
-sleeps up to the worker timeout (``broker.worker_poll_ms``) as a safety net: a wake-up
-that is lost (the listener reconnecting, messages requeued by maintenance) costs at
-most that wait, never the message. A consumer also wakes when a message of a full
+Here every enqueue also PUBLISHes on its queue's channel (``{namespace}:wakeups:{queue}``).
+One thread per worker process listens on the channels of the queues it consumes, and
+only those: a process is not woken by the traffic of queues it does not serve (with one
+channel for all, every enqueue woke every worker process's listener). It wakes that
+queue's consumer, which otherwise sleeps up to the worker timeout
+(``broker.worker_poll_ms``) as a safety net: a wake-up that is lost (the listener
+reconnecting or not subscribed yet, messages requeued by maintenance) costs at most
+that wait, never the message. A consumer also wakes when a message of a full
 prefetch is acked (there is room to fetch again) and when a delayed message it handed
 to its thread becomes due (the thread releases due messages only between fetches).
 """
@@ -23,6 +26,7 @@ import heapq
 import logging
 import threading
 import time
+import uuid
 from typing import Any
 
 import redis
@@ -45,35 +49,53 @@ MAX_RESUBSCRIBE_WAIT_S = 5.0
 
 
 class WakeUps:
-    """Per-queue events of one process, set by a listener thread from a Redis channel."""
+    """Per-queue events of one process, set by a listener thread from Redis channels."""
 
-    def __init__(self, client: Redis, channel: str) -> None:
+    def __init__(self, client: Redis, prefix: str) -> None:
         self.client = client
-        self.channel = channel
+        self.prefix = prefix
+        #: This listener's own channel: a message on it ends the listener's current wait
+        #: (a queue to subscribe, a stop). Queue names have no ``:``, so no queue's clashes.
+        self.control = f"{prefix}:listener:{uuid.uuid4().hex}"
         self._events: dict[str, threading.Event] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
+    def channel(self, queue_name: str) -> str:
+        """The channel enqueues on ``queue_name`` are announced on."""
+        return f"{self.prefix}:{queue_name}"
+
     def event(self, queue_name: str) -> threading.Event:
-        """The event set when work arrives on ``queue_name``; starts the listener."""
+        """The event set when work arrives on ``queue_name``; the listener subscribes it."""
         with self._lock:
-            event = self._events.setdefault(queue_name, threading.Event())
+            event = self._events.get(queue_name)
+            if event is not None:
+                return event
+            event = self._events[queue_name] = threading.Event()
             if self._thread is None and not self._stop.is_set():
                 self._thread = threading.Thread(
                     target=self._listen, name="dramatiq-wakeups", daemon=True
                 )
                 self._thread.start()
+                return event
+        self._interrupt()  # the running listener subscribes the new queue's channel now
         return event
 
     def announce(self, queue_name: str) -> None:
         """Tell every process's consumers of ``queue_name`` that it has work."""
         try:
-            self.client.publish(self.channel, queue_name)
+            self.client.publish(self.channel(queue_name), "")
         except RedisError as exc:
             # The message is enqueued: raising would make its sender send it again.
             # Consumers find it at their next safety poll.
             logger.debug("Wake-up for queue %s not sent: %s", queue_name, exc)
+
+    def _interrupt(self) -> None:
+        try:
+            self.client.publish(self.control, "")
+        except RedisError:
+            pass  # the listener subscribes at its next wait's end anyway
 
     def wake(self, queue_name: str) -> None:
         event = self._events.get(queue_name)
@@ -90,16 +112,26 @@ class WakeUps:
             self._stop.set()
             thread, self._thread = self._thread, None
         if thread is not None and thread is not threading.current_thread():
-            self.announce("")  # ends the listener's current wait for a message
+            self._interrupt()  # ends the listener's current wait for a message
             thread.join(timeout=LISTEN_TIMEOUT_S * 4)
+
+    def _channels(self) -> set[str]:
+        with self._lock:
+            return {self.channel(queue_name) for queue_name in self._events}
 
     def _listen(self) -> None:
         failures = 0
+        queue_of = len(self.prefix) + 1
         while not self._stop.is_set():
             pubsub = self.client.pubsub()
             try:
-                pubsub.subscribe(self.channel)
+                pubsub.subscribe(self.control)
+                subscribed: set[str] = set()
                 while not self._stop.is_set():
+                    wanted = self._channels()
+                    if wanted - subscribed:
+                        pubsub.subscribe(*(wanted - subscribed))
+                        subscribed |= wanted
                     message = pubsub.get_message(timeout=LISTEN_TIMEOUT_S)
                     if message is None:
                         continue
@@ -108,7 +140,7 @@ class WakeUps:
                         failures = 0
                         self.wake_all()
                     elif message["type"] == "message":
-                        self.wake(_text(message["data"]))
+                        self.wake(_text(message["channel"])[queue_of:])
             except (RedisError, OSError) as exc:
                 failures += 1
                 wait_s = min(0.1 * 2**failures, MAX_RESUBSCRIBE_WAIT_S)

@@ -60,7 +60,7 @@ def _until(condition: Any, failure: str) -> None:
 
 def _listening(broker: WakingRedisBroker) -> None:
     """Wait until the broker's listener has subscribed (a publish before that is unheard)."""
-    channel = broker.wakeups.channel
+    channel = broker.wakeups.channel(QUEUE)
     _until(
         lambda: broker.client.pubsub_numsub(channel)[0][1] >= 1,
         "the wake-up listener never subscribed",
@@ -145,4 +145,48 @@ def test_closing_the_broker_stops_its_listener(brokers):
     worker.close()
 
     assert not listener.is_alive()
-    assert worker.client.pubsub_numsub(worker.wakeups.channel)[0][1] == 0
+    channels = [worker.wakeups.channel(QUEUE), worker.wakeups.control]
+    # Redis drops the subscriptions once it reads the closed connection's end.
+    _until(
+        lambda: [n for _, n in worker.client.pubsub_numsub(*channels)] == [0, 0],
+        "the closed listener's subscriptions are still there",
+    )
+
+
+def test_a_process_listens_only_to_the_queues_it_consumes(brokers):
+    worker, sender = brokers
+    sender.declare_queue("other")
+    consumer = worker.consume(QUEUE, prefetch=1, timeout=IDLE_MS)
+    _listening(worker)
+    heard: list[str] = []
+    wake = worker.wakeups.wake
+    worker.wakeups.wake = lambda queue_name: (heard.append(queue_name), wake(queue_name))
+
+    for _ in range(3):  # another queue's traffic: this process's listener never hears it
+        sender.enqueue(
+            Message(queue_name="other", actor_name="probe", args=(), kwargs={}, options={})
+        )
+    consumer.wake.clear()
+    sender.enqueue(_message())
+
+    assert consumer.wake.wait(WOKEN_WITHIN_S), "no wake-up for the consumed queue"
+    assert heard == [QUEUE]
+    assert worker.client.pubsub_numsub(worker.wakeups.channel("other"))[0][1] == 0
+
+
+def test_a_queue_consumed_after_the_listener_started_is_subscribed_at_once(brokers):
+    worker, sender = brokers
+    worker.consume(QUEUE, prefetch=1, timeout=IDLE_MS)
+    _listening(worker)
+    sender.declare_queue("later")
+    worker.declare_queue("later")
+
+    later = worker.consume("later", prefetch=1, timeout=IDLE_MS)
+
+    _until(
+        lambda: worker.client.pubsub_numsub(worker.wakeups.channel("later"))[0][1] >= 1,
+        "the queue consumed later was never subscribed",
+    )
+    later.wake.clear()
+    sender.enqueue(Message(queue_name="later", actor_name="probe", args=(), kwargs={}, options={}))
+    assert later.wake.wait(WOKEN_WITHIN_S), "no wake-up for the queue consumed later"
