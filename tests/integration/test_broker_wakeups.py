@@ -40,8 +40,8 @@ def brokers(redis_url):
         broker.client.close()
 
 
-def _message() -> Message[Any]:
-    return Message(queue_name=QUEUE, actor_name="probe", args=(), kwargs={}, options={})
+def _message(queue_name: str = QUEUE) -> Message[Any]:
+    return Message(queue_name=queue_name, actor_name="probe", args=(), kwargs={}, options={})
 
 
 def _next_in_thread(consumer: Any) -> tuple[threading.Thread, list[Any]]:
@@ -163,9 +163,7 @@ def test_a_process_listens_only_to_the_queues_it_consumes(brokers):
     worker.wakeups.wake = lambda queue_name: (heard.append(queue_name), wake(queue_name))
 
     for _ in range(3):  # another queue's traffic: this process's listener never hears it
-        sender.enqueue(
-            Message(queue_name="other", actor_name="probe", args=(), kwargs={}, options={})
-        )
+        sender.enqueue(_message("other"))
     consumer.wake.clear()
     sender.enqueue(_message())
 
@@ -188,5 +186,5 @@ def test_a_queue_consumed_after_the_listener_started_is_subscribed_at_once(broke
         "the queue consumed later was never subscribed",
     )
     later.wake.clear()
-    sender.enqueue(Message(queue_name="later", actor_name="probe", args=(), kwargs={}, options={}))
+    sender.enqueue(_message("later"))
     assert later.wake.wait(WOKEN_WITHIN_S), "no wake-up for the queue consumed later"
