@@ -30,14 +30,11 @@ from mailroom.settings import (
     DEV_IMAP_PORT,
     DEV_SMTP_PORT,
     DEV_WEBHOOK_PORT,
-    BrokerSettings,
     Settings,
 )
 
 logger = logging.getLogger(__name__)
 
-#: How often an idle Dramatiq consumer of the dev processes looks for work, in milliseconds.
-WORKER_POLL_MS = BrokerSettings().worker_poll_ms
 #: Worker processes of ``mailroom dev`` (and of the e2e harness and benchmarks).
 WORKER_PROCESSES = "2"
 #: Threads of each of those processes (also the compose stack's inbox and delivery workers).
@@ -99,7 +96,6 @@ def child_env(settings: Settings, state_dir: Path) -> dict[str, str]:
         PYTHONPATH=os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")])),
         PYTHONUNBUFFERED="1",
     )
-    env.setdefault("dramatiq_worker_timeout", str(WORKER_POLL_MS))
     return env
 
 

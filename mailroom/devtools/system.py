@@ -18,7 +18,7 @@ from typing import Any
 
 import psycopg
 
-from mailroom.devtools.dev import WORKER_POLL_MS, dev_child, process_specs
+from mailroom.devtools.dev import dev_child, process_specs
 from mailroom.devtools.imap import ImapServer, demo_mailbox
 from mailroom.devtools.sinks import WebhookSink
 from mailroom.devtools.supervisor import Child, Supervisor
@@ -130,7 +130,6 @@ def system_env(
         "batch_size": 25,
     }
     env.update(
-        dramatiq_worker_timeout=str(WORKER_POLL_MS),
         PYTHONPATH=str(PROJECT_ROOT),
         PYTHONUNBUFFERED="1",
         MAILROOM_LOG__LEVEL="INFO",
