@@ -12,6 +12,11 @@ with room on the page Postgres updates a file in place (HOT) and enters nothing 
 indexes; on full pages every status change added an entry to each of them. The setting
 applies to pages written from now on (``VACUUM FULL stored_file`` repacks the old ones).
 
+The indexes are built ``CONCURRENTLY``, outside the migration's transaction: on a large
+live database a plain build holds off every write to the table until it ends. An index of
+the same name that is already there and valid (built by hand ahead of the upgrade) is
+kept; one a failed concurrent build left invalid is dropped and built again.
+
 Revision ID: 0015
 Revises: 0014
 Create Date: 2026-12-02 06:30:00.000000
@@ -20,7 +25,7 @@ Create Date: 2026-12-02 06:30:00.000000
 from collections.abc import Sequence
 
 import sqlalchemy as sa
-from alembic import op
+from alembic import context, op
 
 revision: str = "0015"
 down_revision: str | None = "0014"
@@ -38,11 +43,28 @@ FOREIGN_KEY_INDEXES = (
 
 
 def upgrade() -> None:
-    for name, table, column in FOREIGN_KEY_INDEXES:
-        op.create_index(
-            name, table, [column], unique=False, postgresql_where=sa.text(f"{column} IS NOT NULL")
-        )
+    with op.get_context().autocommit_block():
+        for name, table, column in FOREIGN_KEY_INDEXES:
+            if _invalid(name):
+                op.drop_index(name, table_name=table, postgresql_concurrently=True)
+            op.create_index(
+                name,
+                table,
+                [column],
+                unique=False,
+                postgresql_where=sa.text(f"{column} IS NOT NULL"),
+                postgresql_concurrently=True,
+                if_not_exists=True,
+            )
     op.execute("ALTER TABLE stored_file SET (fillfactor = 70)")
+
+
+def _invalid(name: str) -> bool:
+    """True when ``name`` is an index a failed ``CREATE INDEX CONCURRENTLY`` left behind."""
+    if context.is_offline_mode():
+        return False  # a SQL script for later: nothing there to look at
+    query = sa.text("SELECT NOT indisvalid FROM pg_index WHERE indexrelid = to_regclass(:name)")
+    return bool(op.get_bind().execute(query, {"name": name}).scalar())
 
 
 def downgrade() -> None:
