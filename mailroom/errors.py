@@ -135,7 +135,8 @@ class LeaseLost(RetryableError):
 
 
 class MigrationLockTimeout(RetryableError):
-    """A migration waited too long for a lock and was rolled back; nothing was applied."""
+    """A migration waited too long for a lock and stopped: its open transaction was rolled
+    back (an index it had already built ``CONCURRENTLY`` stays); a run again goes on."""
 
 
 class DeliveryDeferred(RetryableError):

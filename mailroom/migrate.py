@@ -8,6 +8,7 @@ them inside the package (``mailroom/_alembic/``, pyproject's ``force-include``),
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -31,6 +32,8 @@ PACKAGED_DIR = Path(__file__).resolve().parent / "_alembic"
 MIGRATION_LOCK_KEY = 0x6D61696C726F6F6D
 #: Longest a run waits for another run to finish, in milliseconds.
 LOCK_WAIT_MS = 600_000
+#: How often a waiting run tries the lock again, in seconds.
+LOCK_POLL_S = 0.2
 #: Longest one migration statement waits for a table lock, in milliseconds.
 DDL_LOCK_TIMEOUT_MS = 10_000
 
@@ -59,33 +62,44 @@ def migration_lock(connection: Connection) -> Iterator[None]:
     A second run waits here up to ``LOCK_WAIT_MS`` and then finds the schema at head.
     ``DDL_LOCK_TIMEOUT_MS`` makes a migration that queues behind a busy table fail
     instead of stalling every query queued behind it.
+
+    The wait polls, each try its own short transaction, rather than blocking in
+    ``pg_advisory_lock``: a statement waiting there keeps a snapshot open, and an index
+    the running migration builds ``CONCURRENTLY`` waits for every older snapshot to end,
+    which made the two runs wait for each other (Postgres: "deadlock detected").
     """
-    key = {"key": MIGRATION_LOCK_KEY}
-    if not connection.execute(text("SELECT pg_try_advisory_lock(:key)"), key).scalar():
+    if not _try_lock(connection):
         logger.info(
             "Another migration run holds the lock; waiting up to %d s", LOCK_WAIT_MS // 1000
         )
-        connection.exec_driver_sql(f"SET lock_timeout = {LOCK_WAIT_MS}")
-        try:
-            connection.execute(text("SELECT pg_advisory_lock(:key)"), key)
-        except OperationalError as exc:
-            if not isinstance(exc.orig, psycopg.errors.LockNotAvailable):
-                raise
-            raise MigrationLockTimeout(
-                f"another migration run held the lock for over {LOCK_WAIT_MS // 1000} s"
-            ) from exc
+        deadline = time.monotonic() + LOCK_WAIT_MS / 1000
+        while not _try_lock(connection):
+            if time.monotonic() >= deadline:
+                raise MigrationLockTimeout(
+                    f"another migration run held the lock for over {LOCK_WAIT_MS // 1000} s"
+                )
+            time.sleep(LOCK_POLL_S)
     connection.exec_driver_sql(f"SET lock_timeout = {DDL_LOCK_TIMEOUT_MS}")
     # Session-level lock and setting survive the commit; alembic must begin its own
     # transaction, or it joins this one and nothing it runs is committed.
     connection.commit()
     yield
     # After an error the lock goes with the connection, which env.py never pools.
-    connection.execute(text("SELECT pg_advisory_unlock(:key)"), key)
+    connection.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": MIGRATION_LOCK_KEY})
     connection.commit()
 
 
+def _try_lock(connection: Connection) -> bool:
+    """Take the migration lock if it is free, in a transaction of its own (ended here)."""
+    taken = connection.execute(
+        text("SELECT pg_try_advisory_lock(:key)"), {"key": MIGRATION_LOCK_KEY}
+    ).scalar()
+    connection.commit()
+    return bool(taken)
+
+
 def upgrade(url: str, revision: str = "head") -> None:
-    """Migrate to ``revision``; ``MigrationLockTimeout`` if a lock wait ran out (nothing applied)."""
+    """Migrate to ``revision``; ``MigrationLockTimeout`` if a lock wait ran out (see there)."""
     try:
         command.upgrade(alembic_config(url), revision)
     except OperationalError as exc:
@@ -93,7 +107,7 @@ def upgrade(url: str, revision: str = "head") -> None:
             raise
         raise MigrationLockTimeout(
             f"a migration waited over {DDL_LOCK_TIMEOUT_MS // 1000} s for a table lock"
-            " (a long transaction holds it) and was rolled back"
+            " (a long transaction holds it) and stopped; run it again once that one ends"
         ) from exc
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -34,13 +35,28 @@ def empty_database(postgres_server) -> Iterator[str]:
         )
 
 
-def _waiting_for_the_lock(conn: psycopg.Connection) -> int:
-    row = conn.execute(
-        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
-        " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
-    ).fetchone()
-    assert row is not None
-    return int(row[0])
+class _Run:
+    """A ``mailroom migrate`` process and the lines it printed so far (read as they come)."""
+
+    def __init__(self, url: str) -> None:
+        self.process = _migrate(url)
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        self.lines.extend(self.process.stdout)
+
+    def waits(self) -> bool:
+        return any("Another migration run holds the lock" in line for line in self.lines)
+
+    def finish(self, timeout: float) -> str:
+        self.process.wait(timeout)
+        self._reader.join(timeout)
+        assert self.process.stdout is not None
+        self.process.stdout.close()
+        return "".join(self.lines)
 
 
 def _migrate(url: str) -> subprocess.Popen[str]:
@@ -67,22 +83,22 @@ def test_two_concurrent_migrate_runs_both_succeed_and_migrate_once(postgres_serv
         # Given another run holds the migration lock
         holder.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK_KEY,))
         # When two runs start at once
-        runs = [_migrate(postgres_server.url(empty_database)) for _ in range(2)]
+        runs = [_Run(postgres_server.url(empty_database)) for _ in range(2)]
         try:
             deadline = time.monotonic() + START_TIMEOUT_S
-            while _waiting_for_the_lock(holder) < 2 and time.monotonic() < deadline:
-                assert all(run.poll() is None for run in runs), [r.stdout.read() for r in runs]
+            while not all(run.waits() for run in runs) and time.monotonic() < deadline:
+                assert all(run.process.poll() is None for run in runs), [r.lines for r in runs]
                 time.sleep(0.1)
             # Then both wait for it, having changed nothing
-            assert _waiting_for_the_lock(holder) == 2
+            assert all(run.waits() for run in runs), [r.lines for r in runs]
             tables = holder.execute("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'")
             assert tables.fetchone() == (0,)
         finally:
             holder.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))
-        outputs = [run.communicate(timeout=START_TIMEOUT_S)[0] for run in runs]
+        outputs = [run.finish(timeout=START_TIMEOUT_S) for run in runs]
 
     # And once it is free both exit 0, one of them having run the migrations
-    assert [run.returncode for run in runs] == [0, 0], outputs
+    assert [run.process.returncode for run in runs] == [0, 0], outputs
     assert sum("Running upgrade" in output for output in outputs) == 1, outputs
     with psycopg.connect(dsn) as conn:
         versions = conn.execute("SELECT version_num FROM alembic_version").fetchall()
