@@ -7,12 +7,9 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
-from collections.abc import Iterator
 
 import psycopg
 import pytest
-from psycopg import sql
 from sqlalchemy import create_engine, pool
 
 from mailroom import migrate
@@ -20,19 +17,6 @@ from mailroom.errors import MigrationLockTimeout
 from mailroom.migrate import DDL_LOCK_TIMEOUT_MS, MIGRATION_LOCK_KEY, PROJECT_ROOT, migration_lock
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def empty_database(postgres_server) -> Iterator[str]:
-    """A database without any schema; its name."""
-    name = f"empty_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(postgres_server.dsn("postgres"), autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    yield name
-    with psycopg.connect(postgres_server.dsn("postgres"), autocommit=True) as conn:
-        conn.execute(
-            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-        )
 
 
 class _Run:

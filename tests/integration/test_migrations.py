@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import psycopg
 import pytest
-from psycopg import sql
 
 from mailroom.migrate import check, upgrade
 from mailroom.models import Base
@@ -12,16 +11,11 @@ from mailroom.models import Base
 pytestmark = pytest.mark.integration
 
 
-def test_upgrade_head_on_an_empty_database_matches_the_models(postgres_server):
-    with psycopg.connect(postgres_server.dsn("postgres"), autocommit=True) as conn:
-        conn.execute(
-            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier("empty_mig"))
-        )
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier("empty_mig")))
-    url = postgres_server.url("empty_mig")
+def test_upgrade_head_on_an_empty_database_matches_the_models(postgres_server, empty_database):
+    url = postgres_server.url(empty_database)
     upgrade(url)
     check(url)  # raises on drift between models and migrations
-    with psycopg.connect(postgres_server.dsn("empty_mig")) as conn:
+    with psycopg.connect(postgres_server.dsn(empty_database)) as conn:
         tables = {
             row[0]
             for row in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
@@ -77,15 +71,12 @@ def test_every_foreign_key_has_an_index_for_deletes_of_the_rows_it_refers_to(
     assert "ix_recognition_job_result_object_id" in plan
 
 
-def test_foreign_key_indexes_built_ahead_by_hand_or_left_invalid_still_migrate(postgres_server):
+def test_foreign_key_indexes_built_ahead_by_hand_or_left_invalid_still_migrate(
+    postgres_server, empty_database
+):
     """0015 builds its indexes concurrently: an operator may build them by hand first, and a
     concurrent build that failed leaves an invalid index of the same name behind."""
-    name = "fk_index_mig"
-    with psycopg.connect(postgres_server.dsn("postgres"), autocommit=True) as conn:
-        conn.execute(
-            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-        )
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    name = empty_database
     url = postgres_server.url(name)
     upgrade(url, "0014")
     with psycopg.connect(postgres_server.dsn(name), autocommit=True) as conn:
