@@ -5,7 +5,7 @@
   until SIGTERM;
 * ``posts URL SECRET COUNT CONCURRENCY``: the raw baseline, aiohttp POSTs of the bodies
   the webhook channel sends (same JSON, same signature headers) at a concurrency, through
-  one session whose connector holds that many connections, as the channel's does;
+  the channel's own session (``client_session``: its timeouts, as many connections);
   prints the rate in POSTs per second and the process's CPU seconds over the POSTs.
 """
 
@@ -65,6 +65,8 @@ async def posts(url: str, secret: str, count: int, concurrency: int) -> tuple[fl
     import aiohttp
 
     from mailroom import webhooks
+    from mailroom.adapters.channels.webhook import client_session
+    from mailroom.settings import WebhookAccount
 
     queue: asyncio.Queue[int] = asyncio.Queue()
     for n in range(1, count + 1):
@@ -93,12 +95,10 @@ async def posts(url: str, secret: str, count: int, concurrency: int) -> tuple[fl
                 await response.read()
                 response.raise_for_status()
 
-    # Configured as the webhook channel configures its session (one per account and process).
-    async with aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=concurrency),
-        timeout=aiohttp.ClientTimeout(total=30),
-        trust_env=False,
-    ) as session:
+    # The webhook channel's own session (one per account and process), its connections
+    # capped at the concurrency.
+    account = WebhookAccount(url=url, max_in_flight=concurrency)
+    async with client_session(account) as session:
         started, cpu = time.perf_counter(), time.process_time()
         await asyncio.gather(*(post_all(session) for _ in range(concurrency)))
         return count / (time.perf_counter() - started), time.process_time() - cpu

@@ -137,21 +137,7 @@ class WebhookChannel:
             # A lane still holding a chain that a refresh replaced: retried on the new one.
             raise ChannelUnavailable("webhook channel closed (its account was reloaded)")
         if self._session is None:
-            import aiohttp
-
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self.account.max_in_flight, ssl=self.tls),
-                # Per step, as a request's wait for one of the connections is not its own
-                # slowness: under a total timeout, lanes queued behind a slow receiver would
-                # time out unsent and spend attempts.
-                timeout=aiohttp.ClientTimeout(
-                    total=None,
-                    connect=None,
-                    sock_connect=self.account.timeout_s,
-                    sock_read=self.account.timeout_s,
-                ),
-                trust_env=False,
-            )
+            self._session = client_session(self.account, tls=self.tls)
         return self._session
 
     async def _pinned_targets(self, headers: dict[str, str]) -> list[Target]:
@@ -178,6 +164,27 @@ class WebhookChannel:
         headers["Host"] = f"{url.raw_host}{port}"
         # TLS still checks the certificate against the name (and sends it as SNI).
         return [Target(url.with_host(str(a)), server_hostname=host) for a in addresses]
+
+
+def client_session(
+    account: WebhookAccount, *, tls: ssl.SSLContext | bool = True
+) -> aiohttp.ClientSession:
+    """The session an account's sends go through, in the running loop: at most
+    ``max_in_flight`` connections, and timeouts per step of a request.
+
+    Per step, as a request's wait for one of the connections is not its own slowness:
+    under a total timeout, lanes queued behind a slow receiver would time out unsent and
+    spend attempts. ``bench/delivery.py``'s raw POSTs go through one of these as well.
+    """
+    import aiohttp
+
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=account.max_in_flight, ssl=tls),
+        timeout=aiohttp.ClientTimeout(
+            total=None, connect=None, sock_connect=account.timeout_s, sock_read=account.timeout_s
+        ),
+        trust_env=False,
+    )
 
 
 async def _post_first_reachable(
