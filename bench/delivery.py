@@ -11,7 +11,8 @@ process of its own (``bench/http_baseline.py``; it verifies every signature):
   through the deliverer's own client library (aiohttp) of the same bodies with the same
   signature headers to the same sink, from one process, at the deliverer's concurrency
   (per process: threads x batch_concurrency lanes, at most the account's ``max_in_flight``).
-  The 2x8 / 1x8 rate is the scale-out figure, printed with the cores it ran on;
+  The 2x8 / 1x8 rate is the scale-out figure, printed with the cores it ran on. Each run
+  also prints the rate its CPU per message allows (``cpu_bound``) and how near it came;
 * bridge ingest: ``StreamBridge`` against a bare loop of batched XREADGROUP +
   one ``deliver_channel_messages`` enqueue per read + pipelined XACK, both in
   this process on a pre-filled stream, alternating, best of three each.
