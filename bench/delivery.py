@@ -44,10 +44,10 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
 import durability  # noqa: E402
+from http_baseline import SinkProcess  # noqa: E402
 from stages import ProcessCpu  # noqa: E402
 
-from mailroom.devtools.sinks import new_secret  # noqa: E402
-from mailroom.devtools.stack import EmbeddedPostgres, EmbeddedRedis, free_port  # noqa: E402
+from mailroom.devtools.stack import EmbeddedPostgres, EmbeddedRedis  # noqa: E402
 from mailroom.migrate import upgrade  # noqa: E402
 
 #: Longest any one measurement may take before the run is declared stuck, in seconds.
@@ -120,26 +120,11 @@ class Bench:
         self.redis_server = EmbeddedRedis(state / "redis").start()
         upgrade(self.postgres.url())
         # The webhook sink, in a process of its own, for the deliveries and the raw POSTs alike.
-        self.sink_port, self.sink_secret = free_port(), new_secret()
-        self.sink_url = f"http://127.0.0.1:{self.sink_port}/hook"
-        self.sink = subprocess.Popen(
-            [
-                sys.executable,
-                str(HERE / "http_baseline.py"),
-                "sink",
-                str(self.sink_port),
-                self.sink_secret,
-            ],
-            stdout=subprocess.PIPE,
-        )
-        assert self.sink.stdout is not None and self.sink.stdout.readline().strip() == b"ready"
+        self.sink = SinkProcess()
+        self.sink_url, self.sink_secret = self.sink.url, self.sink.secret
         self.env = {
             **{k: v for k, v in os.environ.items() if not k.startswith("MAILROOM_")},
-            "MAILROOM_DELIVERY__WEBHOOK_ACCOUNTS": json.dumps(
-                {"default": {"url": self.sink_url, "secrets": [self.sink_secret]}}
-            ),
-            "MAILROOM_DELIVERY__WEBHOOK_ALLOWED_HOSTS": json.dumps(["127.0.0.1"]),
-            "MAILROOM_DELIVERY__WEBHOOK_ALLOW_HTTP": "true",
+            **self.sink.env,
             "MAILROOM_DATABASE__URL": self.postgres.url(),
             "MAILROOM_REDIS__URL": self.redis_server.url,
             "MAILROOM_BROKER__KIND": "redis",
@@ -164,8 +149,7 @@ class Bench:
         self.db.close()
         self.redis_server.stop()
         self.postgres.stop()
-        self.sink.terminate()
-        self.sink.wait(10)
+        self.sink.stop()
 
     # -- helpers -------------------------------------------------------------------------------
     def reset(self) -> None:

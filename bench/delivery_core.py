@@ -27,7 +27,6 @@ import asyncio
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -42,13 +41,12 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
 import durability  # noqa: E402
-from http_baseline import posts  # noqa: E402
+from http_baseline import SinkProcess, posts  # noqa: E402
 
 from mailroom import gc_policy  # noqa: E402
 from mailroom.adapters.channels import register  # noqa: E402
 from mailroom.delivery.ports import Envelope  # noqa: E402
-from mailroom.devtools.sinks import new_secret  # noqa: E402
-from mailroom.devtools.stack import EmbeddedPostgres, EmbeddedRedis, free_port  # noqa: E402
+from mailroom.devtools.stack import EmbeddedPostgres, EmbeddedRedis  # noqa: E402
 from mailroom.migrate import upgrade  # noqa: E402
 from mailroom.settings import DeliverySettings  # noqa: E402
 
@@ -79,20 +77,11 @@ class Core:
         self.postgres = EmbeddedPostgres(state / "postgres", fast=fast, database="bench").start()
         self.redis_server = EmbeddedRedis(state / "redis").start()
         upgrade(self.postgres.url())
-        port, self.secret = free_port(), new_secret()
-        self.url = f"http://127.0.0.1:{port}/hook"
-        self.sink = subprocess.Popen(
-            [sys.executable, str(HERE / "http_baseline.py"), "sink", str(port), self.secret],
-            stdout=subprocess.PIPE,
-        )
-        assert self.sink.stdout is not None and self.sink.stdout.readline().strip() == b"ready"
+        self.sink = SinkProcess()
+        self.url, self.secret = self.sink.url, self.sink.secret
         os.environ.update(
             {
-                "MAILROOM_DELIVERY__WEBHOOK_ACCOUNTS": json.dumps(
-                    {"default": {"url": self.url, "secrets": [self.secret]}}
-                ),
-                "MAILROOM_DELIVERY__WEBHOOK_ALLOWED_HOSTS": json.dumps(["127.0.0.1"]),
-                "MAILROOM_DELIVERY__WEBHOOK_ALLOW_HTTP": "true",
+                **self.sink.env,
                 "MAILROOM_DATABASE__URL": self.postgres.url(),
                 "MAILROOM_REDIS__URL": self.redis_server.url,
                 "MAILROOM_STATE_DIR": str(state / "mailroom"),
@@ -102,8 +91,7 @@ class Core:
 
     def close(self) -> None:
         self.db.close()
-        self.sink.terminate()
-        self.sink.wait(10)
+        self.sink.stop()
         self.redis_server.stop()
         self.postgres.stop()
 

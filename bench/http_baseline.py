@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -42,6 +43,38 @@ async def _serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, sec
         pass
     finally:
         writer.close()
+
+
+class SinkProcess:
+    """The sink in a process of its own on a free port, for the benchmarks in this folder.
+
+    ``env`` is the settings that make it the ``default`` webhook account (allowed over
+    plain HTTP on loopback)."""
+
+    def __init__(self) -> None:
+        from mailroom.devtools.sinks import new_secret
+        from mailroom.devtools.stack import free_port
+
+        port, self.secret = free_port(), new_secret()
+        self.url = f"http://127.0.0.1:{port}/hook"
+        self.process = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "sink", str(port), self.secret],
+            stdout=subprocess.PIPE,
+        )
+        assert self.process.stdout is not None
+        assert self.process.stdout.readline().strip() == b"ready"
+        self.pid = self.process.pid
+        self.env = {
+            "MAILROOM_DELIVERY__WEBHOOK_ACCOUNTS": json.dumps(
+                {"default": {"url": self.url, "secrets": [self.secret]}}
+            ),
+            "MAILROOM_DELIVERY__WEBHOOK_ALLOWED_HOSTS": json.dumps(["127.0.0.1"]),
+            "MAILROOM_DELIVERY__WEBHOOK_ALLOW_HTTP": "true",
+        }
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(10)
 
 
 def run_sink(port: int, secret: str) -> None:
