@@ -98,6 +98,17 @@ def cpu_bound(used: dict[str, float], messages: int, processes: int) -> tuple[fl
     return workers, f"{processes} worker event loop(s) on a core each"
 
 
+def insert_messages(db: psycopg.Connection[Any], count: int, channel: str) -> list[int]:
+    """``count`` pending messages to the ``default`` account of ``channel``; their ids."""
+    rows = db.execute(
+        "INSERT INTO channel_message (channel, account, recipient, body, status) "
+        "SELECT %s, 'default', 'bench', 'hello ' || g, 'pending' "
+        "FROM generate_series(1, %s) AS g RETURNING id",
+        (channel, count),
+    ).fetchall()
+    return [row[0] for row in rows]
+
+
 def wait_for(
     condition: Callable[[], bool],
     what: str,
@@ -192,13 +203,7 @@ class Bench:
         return time.perf_counter() - began
 
     def insert_messages(self, count: int, channel: str = "webhook") -> list[int]:
-        rows = self.db.execute(
-            "INSERT INTO channel_message (channel, account, recipient, body, status) "
-            "SELECT %s, 'default', 'bench', 'hello ' || g, 'pending' "
-            "FROM generate_series(1, %s) AS g RETURNING id",
-            (channel, count),
-        ).fetchall()
-        return [row[0] for row in rows]
+        return insert_messages(self.db, count, channel)
 
     def fill_stream(self, ids: list[int]) -> None:
         from mailroom.delivery.contracts import encode_entry

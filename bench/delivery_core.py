@@ -41,6 +41,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
 import durability  # noqa: E402
+from delivery import insert_messages  # noqa: E402
 from http_baseline import SinkProcess, posts  # noqa: E402
 
 from mailroom import gc_policy  # noqa: E402
@@ -100,13 +101,7 @@ class Core:
         self.db.execute("TRUNCATE channel_message RESTART IDENTITY CASCADE")
         with redis.Redis.from_url(self.redis_server.url) as client:
             client.flushdb()
-        rows = self.db.execute(
-            "INSERT INTO channel_message (channel, account, recipient, body, status) "
-            "SELECT %s, 'default', 'bench', 'hello ' || g, 'pending' "
-            "FROM generate_series(1, %s) AS g RETURNING id",
-            (channel, count),
-        ).fetchall()
-        return [row[0] for row in rows]
+        return insert_messages(self.db, count, channel)
 
     def delivered(self) -> int:
         row = self.db.execute(
