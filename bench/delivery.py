@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 import durability  # noqa: E402
 from http_baseline import SinkProcess  # noqa: E402
-from stages import ProcessCpu  # noqa: E402
+from stages import ProcessCpu, machine_bound  # noqa: E402
 
 from mailroom.devtools.stack import EmbeddedPostgres, EmbeddedRedis  # noqa: E402
 from mailroom.migrate import upgrade  # noqa: E402
@@ -90,8 +90,7 @@ def cpu_bound(used: dict[str, float], messages: int, processes: int) -> tuple[fl
     Two bounds: every process of the run (workers, Postgres, Redis, the sink, the bridge) on
     all of this machine's cores, and the worker processes each on one core (each runs its
     batches on one event loop, so its sends cannot spread over cores)."""
-    cores = len(os.sched_getaffinity(0))
-    machine = cores * messages / sum(used.values())
+    machine, cores = machine_bound(sum(used.values()), messages)
     workers = processes * messages / used["worker"]
     if machine <= workers:
         return machine, f"all processes on {cores} cores"
@@ -107,6 +106,12 @@ def insert_messages(db: psycopg.Connection[Any], count: int, channel: str) -> li
         (channel, count),
     ).fetchall()
     return [row[0] for row in rows]
+
+
+def delivered(db: psycopg.Connection[Any]) -> int:
+    """Messages ``delivered`` in the table."""
+    row = db.execute("SELECT count(*) FROM channel_message WHERE status = 'delivered'").fetchone()
+    return int(row[0]) if row else 0
 
 
 def wait_for(
@@ -132,7 +137,6 @@ class Bench:
         upgrade(self.postgres.url())
         # The webhook sink, in a process of its own, for the deliveries and the raw POSTs alike.
         self.sink = SinkProcess()
-        self.sink_url, self.sink_secret = self.sink.url, self.sink.secret
         self.env = {
             **{k: v for k, v in os.environ.items() if not k.startswith("MAILROOM_")},
             **self.sink.env,
@@ -216,11 +220,7 @@ class Bench:
         pipe.execute()
 
     def delivered(self) -> int:
-        return int(
-            self.db.execute(
-                "SELECT count(*) FROM channel_message WHERE status = 'delivered'"
-            ).fetchone()[0]  # type: ignore[index]
-        )
+        return delivered(self.db)
 
     def still_open(self) -> int:
         """Messages not settled yet: cheap to poll (a partial index holds only open ones)."""
@@ -267,7 +267,7 @@ class Bench:
             wait_for(lambda: self.delivered() == 1, "the warm-up delivery", 90)
             warm = time.perf_counter()
             cpu = ProcessCpu(
-                {"worker": workers.pid, "bridge": bridge.pid, "sink": self.sink.pid}
+                {"worker": workers.pid, "bridge": bridge.pid, "sink": self.sink.process.pid}
                 | self.server_pids()
             )
             self.fill_stream(ids)
@@ -295,16 +295,16 @@ class Bench:
         from mailroom.settings import WebhookAccount
 
         lanes = threads * DeliverySettings().batch_concurrency
-        in_flight = WebhookAccount(url=self.sink_url).max_in_flight
+        in_flight = WebhookAccount(url=self.sink.url).max_in_flight
         concurrency = processes * min(lanes, in_flight)
-        sink_cpu = ProcessCpu({"sink": self.sink.pid})
+        sink_cpu = ProcessCpu({"sink": self.sink.process.pid})
         raw = subprocess.run(
             [
                 sys.executable,
                 str(HERE / "http_baseline.py"),
                 "posts",
-                self.sink_url,
-                self.sink_secret,
+                self.sink.url,
+                self.sink.secret,
                 str(n),
                 str(concurrency),
             ],

@@ -41,7 +41,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
 import durability  # noqa: E402
-from delivery import insert_messages  # noqa: E402
+from delivery import delivered, insert_messages  # noqa: E402
 from http_baseline import SinkProcess, posts  # noqa: E402
 
 from mailroom import gc_policy  # noqa: E402
@@ -55,8 +55,6 @@ from mailroom.settings import DeliverySettings  # noqa: E402
 BATCHES, BATCH_SIZE = 8, 100
 #: Raw POSTs in flight: the webhook account's default ``max_in_flight``.
 IN_FLIGHT = 16
-#: The floor's chunk record of a message sent whole, as the deliverer writes it.
-SENT_WHOLE = {"size": 4000, "total": 1, "status": {"1": "sent"}}
 
 
 @register("bench-null")
@@ -79,7 +77,6 @@ class Core:
         self.redis_server = EmbeddedRedis(state / "redis").start()
         upgrade(self.postgres.url())
         self.sink = SinkProcess()
-        self.url, self.secret = self.sink.url, self.sink.secret
         os.environ.update(
             {
                 **self.sink.env,
@@ -104,10 +101,7 @@ class Core:
         return insert_messages(self.db, count, channel)
 
     def delivered(self) -> int:
-        row = self.db.execute(
-            "SELECT count(*) FROM channel_message WHERE status = 'delivered'"
-        ).fetchone()
-        return int(row[0]) if row else 0
+        return delivered(self.db)
 
     # -- the sides ---------------------------------------------------------------------------
     async def deliverer(self, ids: list[int]) -> tuple[float, float]:
@@ -142,6 +136,7 @@ class Core:
         from mailroom.adapters.channels.webhook import WebhookChannel
         from mailroom.adapters.redis import DeliveryRedis
         from mailroom.adapters.redis_client import async_client
+        from mailroom.delivery.chunks import SENT, ChunkPlan
         from mailroom.delivery.statements import CLAIM, SUCCEED
         from mailroom.settings import Settings
 
@@ -149,6 +144,10 @@ class Core:
         client = async_client(settings.stream_redis_url, settings.redis)
         keys = DeliveryRedis(client, stream_key=settings.delivery.stream_key)
         channel = WebhookChannel("default", settings.delivery)
+        # The record the deliverer settles a message sent whole with.
+        plan = ChunkPlan(size=settings.delivery.chunk_size, texts=[""])
+        plan.mark(1, SENT)
+        sent_whole = plan.record()
         connections = [
             await psycopg.AsyncConnection.connect(self.postgres.dsn(), autocommit=True)
             for _ in range(BATCHES)
@@ -172,7 +171,7 @@ class Core:
                     rows = await claimed.fetchall()
                     await asyncio.gather(*(send(row) for row in rows))
                     settled = json.dumps(
-                        [{"id": row[0], "attempts": row[6], "chunks": SENT_WHOLE} for row in rows]
+                        [{"id": row[0], "attempts": row[6], "chunks": sent_whole} for row in rows]
                     )
                     await (await connection.execute(SUCCEED, {"rows": settled})).fetchall()
                     await keys.settle_many(
@@ -228,7 +227,7 @@ def main() -> int:
                     figures.setdefault(side, []).append(asyncio.run(run(ids)))
                     if core.delivered() != n + BATCHES:  # the warm-up's too
                         raise SystemExit(f"{side}: {core.delivered()} of {n + BATCHES} delivered")
-                rate, cpu_s = asyncio.run(posts(core.url, core.secret, n, IN_FLIGHT))
+                rate, cpu_s = asyncio.run(posts(core.sink.url, core.sink.secret, n, IN_FLIGHT))
                 figures.setdefault("raw", []).append((rate, cpu_s))
                 print(
                     "round: "

@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import durability  # noqa: E402
-from stages import ProcessCpu, StageTimes, outcome_line  # noqa: E402
+from stages import ProcessCpu, StageTimes, machine_bound, outcome_line  # noqa: E402
 
 from mailroom.devtools.imap import DEMO_PASSWORD, DEMO_USER, ImapServer, demo_mailbox  # noqa: E402
 from mailroom.devtools.seed import build_mail, invoice_csv  # noqa: E402
@@ -243,8 +243,7 @@ def server_pids(system: System, servers: dict[str, object]) -> dict[str, int]:
 
 def cpu_bound_line(total_cpu_s: float, done: int, drain_rate: float, raw_rate: float) -> str:
     """The drain rate this run's CPU per mail allows on this machine's cores, if all were busy."""
-    cores = os.cpu_count() or 1
-    bound = cores * done / total_cpu_s if total_cpu_s > 0 else float("inf")
+    bound, cores = machine_bound(total_cpu_s, done)
     return (
         f"CPU bound on {cores} cores: {bound:.1f} mails/s = ratio {bound / raw_rate:.4f} "
         f"of the raw fetch; the drain reached {100 * drain_rate / bound:.0f} % of it"
@@ -275,7 +274,6 @@ def main() -> None:
         arrivals = Arrivals()
         sink = WebhookSink(on_receive=arrivals).start()
         system: System | None = None
-        stopped = False
         try:
             upgrade(postgres.url())
             imap.create_folder("bench")
@@ -362,13 +360,11 @@ def main() -> None:
             imap_ms = raw_imap_ms(imap, "raw", 20)
             nats_ms = asyncio.run(raw_nats_ms(nats_server.url, 100))
             redis_ms = raw_redis_ms(redis_server.url, 100)
-            system.stop()
-            stopped = True
+            system.stop()  # again in ``finally``: a no-op then
             raw_after = raw_fetch_rate(imap, "bench", backlog)
         finally:
             if system is not None:
-                if not stopped:
-                    system.stop()
+                system.stop()
                 if args.keep_logs is not None:
                     shutil.copytree(base / "logs", args.keep_logs, dirs_exist_ok=True)
             sink.stop()

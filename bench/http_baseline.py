@@ -63,7 +63,6 @@ class SinkProcess:
         )
         assert self.process.stdout is not None
         assert self.process.stdout.readline().strip() == b"ready"
-        self.pid = self.process.pid
         self.env = {
             "MAILROOM_DELIVERY__WEBHOOK_ACCOUNTS": json.dumps(
                 {"default": {"url": self.url, "secrets": [self.secret]}}

@@ -10,6 +10,7 @@ Mailroom process and its children (Dramatiq forks its workers) for a CPU cost pe
 
 from __future__ import annotations
 
+import os
 import time
 from bisect import bisect_right
 from dataclasses import dataclass, field
@@ -159,3 +160,10 @@ class ProcessCpu:
     def since_start(self) -> dict[str, float]:
         now = self.read()
         return {label: now[label] - self.base.get(label, 0.0) for label in now}
+
+
+def machine_bound(cpu_s: float, items: int) -> tuple[float, int]:
+    """Items per second ``cpu_s`` of CPU for ``items`` allows with every core of this
+    process's machine busy, and that number of cores."""
+    cores = len(os.sched_getaffinity(0))
+    return (cores * items / cpu_s if cpu_s > 0 else float("inf")), cores
