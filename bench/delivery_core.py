@@ -13,8 +13,8 @@ on embedded Postgres and Redis (durable) and the signature-checking sink of
 * ``floor``: the protocol stripped to one call per step per batch: one lock script, one
   claim statement, the webhook channel's sends, one settle statement, one settle script
   (no lanes, lease renewal, chunk plans, outcomes, metrics or account check);
-* ``raw``: raw POSTs of the same bodies through the channel's session at 16 in flight
-  (``bench/http_baseline.py``).
+* ``raw``: raw POSTs of the same bodies through the channel's session at the account's
+  ``max_in_flight`` (``bench/http_baseline.py``).
 
 Each prints messages per second and this process's CPU per message. A diagnostic: no
 RESULT line. Usage: ``uv run python bench/delivery_core.py [--messages N] [--rounds N]``.
@@ -49,12 +49,10 @@ from mailroom.adapters.channels import register  # noqa: E402
 from mailroom.delivery.ports import Envelope  # noqa: E402
 from mailroom.devtools.stack import EmbeddedPostgres, EmbeddedRedis  # noqa: E402
 from mailroom.migrate import upgrade  # noqa: E402
-from mailroom.settings import DeliverySettings  # noqa: E402
+from mailroom.settings import DeliverySettings, WebhookAccount  # noqa: E402
 
 #: Batches delivered at once (a worker's threads) and messages per batch (a stream read).
 BATCHES, BATCH_SIZE = 8, 100
-#: Raw POSTs in flight: the webhook account's default ``max_in_flight``.
-IN_FLIGHT = 16
 
 
 @register("bench-null")
@@ -227,7 +225,8 @@ def main() -> int:
                     figures.setdefault(side, []).append(asyncio.run(run(ids)))
                     if core.delivered() != n + BATCHES:  # the warm-up's too
                         raise SystemExit(f"{side}: {core.delivered()} of {n + BATCHES} delivered")
-                rate, cpu_s = asyncio.run(posts(core.sink.url, core.sink.secret, n, IN_FLIGHT))
+                in_flight = WebhookAccount(url=core.sink.url).max_in_flight
+                rate, cpu_s = asyncio.run(posts(core.sink.url, core.sink.secret, n, in_flight))
                 figures.setdefault("raw", []).append((rate, cpu_s))
                 print(
                     "round: "
