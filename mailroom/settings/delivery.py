@@ -144,8 +144,11 @@ class DeliverySettings(StrictModel):
     #: Approximate upper bound on stream length (XADD MAXLEN ~).
     stream_maxlen: int = 100_000
     lock_ttl_ms: int = 30_000
-    #: Messages of one batch (``deliver_channel_messages``) sent at the same time.
-    batch_concurrency: int = 50
+    #: Messages of one batch (``deliver_channel_messages``) sent at the same time. Each is
+    #: claimed (attempt counted, ``sending``) before it waits for one of its account's
+    #: ``max_in_flight`` connections: 8 threads x 25 lanes keep a worker process's 32 requests
+    #: in flight with half the claimed messages waiting that 50 lanes had, and less CPU a send.
+    batch_concurrency: int = 25
     max_attempts: int = 8
     backoff_base_s: float = 2.0
     backoff_cap_s: float = 600.0
