@@ -19,6 +19,7 @@ import logging
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -319,6 +320,7 @@ class ImapMailbox:
         if _take_announced(client):
             return True
         responses: list[Any] = []
+        deadline = time.monotonic() + timeout_s
         try:
             client.idle()
             try:
@@ -326,7 +328,7 @@ class ImapMailbox:
                 # imaplib has read it already, and idle_check, which polls the socket, would
                 # wait the whole timeout for it. DONE reads it (imaplib keeps it).
                 if not _buffered(client):
-                    responses = client.idle_check(timeout=timeout_s)
+                    responses = _idle_until_news(client, deadline)
             finally:
                 client.idle_done()
         except imaplib.IMAP4.abort as exc:
@@ -492,6 +494,28 @@ def _move(client: IMAPClient, uids: list[int], folder: str) -> None:
             client.expunge()
     # The EXPUNGE responses that announced the moved mails: kept by imaplib, read by nobody.
     client._imap.untagged_responses.pop("EXPUNGE", None)
+
+
+def _idle_until_news(client: IMAPClient, deadline: float) -> list[Any]:
+    """The responses of an IDLE up to ``deadline`` (``time.monotonic()``), read until one is
+    more than a keepalive.
+
+    A server's keepalive (``* OK Still here``) is not news: Dovecot sends its first one at a
+    moment of its own choosing (every ``imap_idle_notify_interval``, aligned per client), so
+    ending the wait there ended many IDLEs seconds in, and mail that came after waited for
+    the next scheduled poll.
+    """
+    responses: list[Any] = []
+    while (remaining := deadline - time.monotonic()) > 0:
+        received = client.idle_check(timeout=remaining)
+        responses += received
+        if not received or not all(_is_keepalive(response) for response in received):
+            break
+    return responses
+
+
+def _is_keepalive(response: Any) -> bool:
+    return isinstance(response, tuple) and len(response) > 0 and response[0] == b"OK"
 
 
 def _announces_mail(responses: list[Any]) -> bool:
