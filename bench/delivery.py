@@ -206,9 +206,6 @@ class Bench:
                 process.wait()
         return time.perf_counter() - began
 
-    def insert_messages(self, count: int, channel: str = "webhook") -> list[int]:
-        return insert_messages(self.db, count, channel)
-
     def fill_stream(self, ids: list[int]) -> None:
         from mailroom.delivery.contracts import encode_entry
         from mailroom.settings import DeliverySettings
@@ -218,9 +215,6 @@ class Bench:
         for message_id in ids:
             pipe.xadd(key, encode_entry(message_id))  # type: ignore[arg-type]
         pipe.execute()
-
-    def delivered(self) -> int:
-        return delivered(self.db)
 
     def still_open(self) -> int:
         """Messages not settled yet: cheap to poll (a partial index holds only open ones)."""
@@ -258,13 +252,13 @@ class Bench:
         bridge = self.spawn(["-c", "from mailroom.cli import app; app()", "bridge", "stream"])
         workers = self.workers([self.deliver.queue_name], processes, threads)
         try:
-            [probe] = self.insert_messages(1)
-            ids = self.insert_messages(n)
+            [probe] = insert_messages(self.db, 1, "webhook")
+            ids = insert_messages(self.db, n, "webhook")
             wait_for(self.bridge_ready, "the bridge", 60)
             # Warm-up: every worker thread has run the delivery code before the clock starts.
             for _ in range(processes * threads):
                 self.deliver.send(probe)
-            wait_for(lambda: self.delivered() == 1, "the warm-up delivery", 90)
+            wait_for(lambda: delivered(self.db) == 1, "the warm-up delivery", 90)
             warm = time.perf_counter()
             cpu = ProcessCpu(
                 {"worker": workers.pid, "bridge": bridge.pid, "sink": self.sink.process.pid}
@@ -275,8 +269,8 @@ class Bench:
             # the deliverer shares, CPU the raw side never pays (26-83 ms a second).
             wait_for(lambda: self.still_open() == 0, "all deliveries", poll_s=DONE_POLL_S)
             used = cpu.since_start()
-            if self.delivered() != n + 1:
-                raise SystemExit(f"only {self.delivered() - 1} of {n} webhooks were delivered")
+            if (done := delivered(self.db)) != n + 1:
+                raise SystemExit(f"only {done - 1} of {n} webhooks were delivered")
             first, delivery_s = self.delivery_span(probe)
             phases(boot=warm - began, first=first, delivery=delivery_s)
             cpu_line("deliverer", used, n)
