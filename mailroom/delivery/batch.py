@@ -1,14 +1,16 @@
 """The round trips deliveries share: group commits across every batch of an event loop.
 
-Each message of a batch runs the whole per-message protocol in its own lane;
-what the lanes of all the batches running on one event loop (one worker process)
-have ready at the same moment goes out together (``Rounds``): locks as one Redis
-call followed at once by the claims of those taken as one ``UPDATE … WHERE id =
-ANY(…)``, successes as one fenced ``UPDATE`` plus one Redis call (Postgres first:
-the delivered keys are only a cache of it). A worker runs its threads' batches side by side on one loop, so
-sharing the round trips between them makes each one carry several batches'
-messages instead of a few of one batch's. A flush's error reaches the messages in
-that flush only.
+Each message of a batch runs the whole per-message protocol in a lane, one message after
+another; what the lanes of all the batches running on one event loop (one worker process)
+have ready at the same moment goes out together (``Rounds``). A lane's turn settles the
+message it has delivered and takes the next one: the locks of those taken as one Redis
+call, then one statement that settles the deliveries (fenced on their attempts) and claims
+the messages whose locks are ours (``UPDATE … WHERE id = ANY(…)``), one transaction and one
+commit to wait for, then the delivered keys and lock releases as one Redis call (Postgres
+first: the keys are only a cache of it). A worker runs its threads' batches side by side
+on one loop, so sharing the round trips between them makes each one carry several batches'
+messages instead of a few of one batch's. A round's error reaches the messages in that
+round only.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -29,7 +31,7 @@ from mailroom.adapters.redis import AcquireResult, DeliveryRedis
 from mailroom.db import driver_connection
 from mailroom.delivery.coalesce import Coalescer
 from mailroom.delivery.locks import BatchLease
-from mailroom.delivery.statements import CLAIM, STATUSES, SUCCEED
+from mailroom.delivery.statements import CLAIM, STATUSES, SUCCEED, SUCCEED_AND_CLAIM
 
 logger = logging.getLogger(__name__)
 
@@ -52,12 +54,12 @@ class Claim:
     chunks: dict[str, Any] | None
     last_error: str | None
     previous_status: str
-    #: The batch the attempt belongs to (its connection and lease).
-    batch: Batch = field(repr=False)
+    #: The lane the attempt runs in (its batch's connection and lease, its next message).
+    lane: Lane = field(repr=False)
 
 
 class _Taken(NamedTuple):
-    """A lock round's answer for one message."""
+    """A round's answer for one message taken."""
 
     lock: AcquireResult
     #: ``time.monotonic()`` before the lock was asked for: it lives at least its TTL from then.
@@ -67,11 +69,29 @@ class _Taken(NamedTuple):
     claim: tuple[Any, ...] | str | Exception | None
 
 
-@dataclass(eq=False)  # hashed by identity: a key of the group commit
+@dataclass(eq=False)
 class _Success:
     id: int
     attempts: int
     chunks: dict[str, Any]
+
+
+@dataclass(eq=False)  # hashed by identity: a key of the group commit
+class _Turn:
+    """A lane's turn: the message it delivered to settle, the next one to take (either may be None)."""
+
+    success: _Success | None
+    take: int | None
+
+
+class _Answer(NamedTuple):
+    """A round's answer for one turn."""
+
+    #: Whether the success was settled (False: a later attempt took it over), or the error
+    #: that stopped the settlement; None without a success.
+    settled: bool | Exception | None
+    #: The message taken, or the error that stopped its lock; None without one.
+    taken: _Taken | Exception | None
 
 
 class Rounds:
@@ -97,8 +117,9 @@ class Rounds:
         self.token = token
         self.ttl_ms = ttl_ms
         self.delivered_ttl_s = delivered_ttl_s
-        self._takes: Coalescer[int, _Taken] = Coalescer(self._take_many)
-        self._successes: Coalescer[_Success, bool] = Coalescer(self._succeed_many)
+        self._turns: Coalescer[_Turn, _Answer] = Coalescer(self._run_turns)
+        #: The delivered keys being written (``_cache`` never raises).
+        self._caching: set[asyncio.Task[None]] = set()
         self._connection: AsyncConnection | None = None
         self._driver: psycopg.AsyncConnection[Any] | None = None
         self._connection_lock = asyncio.Lock()
@@ -106,13 +127,16 @@ class Rounds:
 
     @contextlib.asynccontextmanager
     async def active(self) -> AsyncIterator[None]:
-        """Around a batch: the connection is given back when the last batch is done."""
+        """Around a batch: when the last batch is done, its delivered keys are written (they
+        go on beside the lanes) and the connection is given back."""
         self._users += 1
         try:
             yield
         finally:
             self._users -= 1
             if self._users == 0:
+                while self._caching:
+                    await asyncio.gather(*self._caching)
                 async with self._connection_lock:  # after a flush still running
                     if self._users == 0 and self._connection is not None:
                         connection, self._connection = self._connection, None
@@ -150,48 +174,90 @@ class Rounds:
                     await connection.close()
                 raise
 
-    async def take(self, message_id: int) -> _Taken:
-        return await self._takes.submit(message_id)
+    async def turn(self, success: _Success | None, take: int | None) -> _Answer:
+        return await self._turns.submit(_Turn(success, take))
 
-    async def succeed(self, message_id: int, attempts: int, chunks: dict[str, Any]) -> bool:
-        return await self._successes.submit(_Success(message_id, attempts, chunks))
-
-    async def _take_many(self, message_ids: Sequence[int]) -> dict[int, _Taken]:
-        # One round for both: the claims follow their locks at once, not a turn of the loop
-        # and a wake-up of each lane later (a Redis error reaches every message of the round).
+    async def _run_turns(self, turns: Sequence[_Turn]) -> dict[_Turn, _Answer]:
+        # One round for all: the locks, then at once one statement for the settlements and
+        # the claims of the locks taken (not a turn of the loop and a wake-up of each lane
+        # later), then the delivered keys.
+        successes = [turn.success for turn in turns if turn.success is not None]
+        takes = [turn.take for turn in turns if turn.take is not None]
         at = time.monotonic()
-        locks = await self.redis.acquire_locks(message_ids, token=self.token, ttl_ms=self.ttl_ms)
-        ours = [mid for mid in message_ids if locks[mid].ours]
-        claims: dict[int, tuple[Any, ...] | str | Exception | None] = {}
-        if ours:
+        locks: dict[int, AcquireResult] | Exception = {}
+        if takes:
             try:
-                claims.update(await self._claim_many(ours))
+                locks = await self.redis.acquire_locks(takes, token=self.token, ttl_ms=self.ttl_ms)
+            except Exception as exc:  # each of these messages is retried; nothing was claimed
+                locks = exc
+        ours = [] if isinstance(locks, Exception) else [m for m in takes if locks[m].ours]
+        settled: set[int] | Exception = set()
+        claims: dict[int, tuple[Any, ...] | str | Exception | None] = {}
+        if successes or ours:
+            try:
+                settled, found = await self._write(successes, ours)
+                claims.update(found)
             except Exception as exc:  # each lane releases its lock and raises it
+                settled = exc
                 claims = dict.fromkeys(ours, exc)
-        return {mid: _Taken(locks[mid], at, claims.get(mid)) for mid in message_ids}
+        if successes and not isinstance(settled, Exception):
+            # The lanes go on at once: the keys are a cache, written while they send.
+            task = asyncio.ensure_future(self._cache(successes, settled))
+            self._caching.add(task)
+            task.add_done_callback(self._caching.discard)
+        answers: dict[_Turn, _Answer] = {}
+        for turn in turns:
+            was_settled: bool | Exception | None = None
+            if turn.success is not None:
+                was_settled = (
+                    settled if isinstance(settled, Exception) else (turn.success.id in settled)
+                )
+            taken: _Taken | Exception | None = None
+            if turn.take is not None:
+                taken = (
+                    locks
+                    if isinstance(locks, Exception)
+                    else _Taken(locks[turn.take], at, claims.get(turn.take))
+                )
+            answers[turn] = _Answer(was_settled, taken)
+        return answers
 
-    async def _claim_many(
-        self, message_ids: Sequence[int]
-    ) -> dict[int, tuple[Any, ...] | str | None]:
-        params = {"ids": list(message_ids), "due_slack_s": DUE_SLACK_S}
-        found: dict[int, tuple[Any, ...] | str | None] = {
-            row[0]: row for row in await self._execute(CLAIM, params)
-        }
+    async def _write(
+        self, successes: Sequence[_Success], message_ids: Sequence[int]
+    ) -> tuple[set[int], dict[int, tuple[Any, ...] | str | None]]:
+        """Settle ``successes`` and claim ``message_ids`` in one statement; returns the ids
+        settled and, for each id, its claim row or status (None: no such message)."""
+        params: dict[str, Any] = {}
+        if successes:
+            # Postgres first: it is the record of the send.
+            params["rows"] = json.dumps(
+                [{"id": s.id, "attempts": s.attempts, "chunks": s.chunks} for s in successes]
+            )
+        if message_ids:
+            params |= {"ids": list(message_ids), "due_slack_s": DUE_SLACK_S}
+        settled: set[int] = set()
+        found: dict[int, tuple[Any, ...] | str | None] = {}
+        if successes and message_ids:
+            for row in await self._execute(SUCCEED_AND_CLAIM, params):
+                if row[0]:
+                    found[row[1]] = row[1:]
+                else:
+                    settled.add(row[1])
+        elif successes:
+            settled = {row[0] for row in await self._execute(SUCCEED, params)}
+        else:
+            found = {row[0]: row for row in await self._execute(CLAIM, params)}
         rest = [mid for mid in message_ids if mid not in found]
         if rest:
             rows = await self._execute(STATUSES, {"ids": rest})
             statuses = {message_id: status for message_id, status in rows}
             found.update({mid: statuses.get(mid) for mid in rest})
-        return found
+        return settled, found
 
-    async def _succeed_many(self, successes: Sequence[_Success]) -> dict[_Success, bool]:
-        # Postgres first: it is the record of the send. The delivered keys and lock releases
-        # after it are a cache; should Redis fail now, the locks expire and a retry finds the
-        # final status in Postgres, so nothing is sent twice and nothing sent ends uncertain.
-        rows = json.dumps(
-            [{"id": s.id, "attempts": s.attempts, "chunks": s.chunks} for s in successes]
-        )
-        settled = {row[0] for row in await self._execute(SUCCEED, {"rows": rows})}
+    async def _cache(self, successes: Sequence[_Success], settled: set[int]) -> None:
+        # The delivered keys and lock releases after Postgres are a cache; should Redis fail
+        # now, the locks expire and a retry finds the final status in Postgres, so nothing is
+        # sent twice and nothing sent ends uncertain.
         try:
             await self.redis.settle_many(
                 [(s.id, "delivered" if s.id in settled else "") for s in successes],
@@ -205,23 +271,27 @@ class Rounds:
                 sorted(settled),
                 type(exc).__name__,
             )
-        return {success: success.id in settled for success in successes}
 
 
 class Batch:
-    """One batch's lease and its own statements (a connection taken at the first one).
+    """One batch's messages, lease and own statements (a connection taken at the first one).
 
-    Locks, claims and successes go through the loop's shared ``Rounds``; the rarer
-    writes of one message (a chunk recorded, a failure, a retry) run here, one at a
-    time on the batch's connection.
+    Its lanes take the messages in turn (``lane``); locks, claims and successes go through
+    the loop's shared ``Rounds``; the rarer writes of one message (a chunk recorded, a
+    failure, a retry) run here, one at a time on the batch's connection.
     """
 
-    def __init__(self, rounds: Rounds, lease: BatchLease) -> None:
+    def __init__(self, rounds: Rounds, lease: BatchLease, message_ids: Sequence[int]) -> None:
         self.rounds = rounds
         self.lease = lease
+        #: The messages not taken yet: shared by the lanes, so each is taken by one lane.
+        self.todo: Iterator[int] = iter(message_ids)
         self._connection: AsyncConnection | None = None
         self._statement_lock = asyncio.Lock()
         self._stack = contextlib.AsyncExitStack()
+
+    def lane(self) -> Lane:
+        return Lane(self)
 
     async def execute(self, statement: Any, params: dict[str, Any]) -> Any:
         async with self._statement_lock:
@@ -231,26 +301,70 @@ class Batch:
                 )
             return await self._connection.execute(statement, params)
 
-    async def take(self, message_id: int) -> tuple[AcquireResult, Claim | str | Exception | None]:
-        """Take the message's processing lock and, when it is ours, claim the message: count
-        an attempt and mark it sending (committed at once). A lock taken is held by the lease.
+    async def aclose(self) -> None:
+        await self._stack.aclose()
 
-        Returns the lock's state (settled, ours, or held by someone else) and, with the lock
-        ours, the claim or why there is none: the message's status (final, or not due yet),
-        None when the message does not exist, or the error that stopped the claim.
-        """
-        lock, at, found = await self.rounds.take(message_id)
+
+#: What a lane took: the message, and either the error that stopped its lock, or the lock's
+#: state (settled, ours, held by someone else) with, the lock ours, the claim or why there is
+#: none (the message's status, final or not due yet; None when it does not exist; the error
+#: that stopped the claim).
+Taken = tuple[int, "tuple[AcquireResult, Claim | str | Exception | None] | Exception"]
+
+
+class Lane:
+    """Delivers a batch's messages one after another; each is locked and claimed only when its
+    turn comes, in the round that settles the one before it (so a crash strands no other,
+    and a message is settled before its lane sends the next)."""
+
+    def __init__(self, batch: Batch) -> None:
+        self.batch = batch
+        self.lease = batch.lease
+        self.execute = batch.execute
+        self._next: Taken | None = None
+
+    async def take(self) -> Taken | None:
+        """The next message of the batch, locked (a lock taken is held by the lease) and,
+        when the lock is ours, claimed (an attempt counted, ``sending``, committed);
+        None when the batch has no more."""
+        if self._next is not None:
+            taken, self._next = self._next, None
+            return taken
+        message_id = next(self.batch.todo, None)
+        if message_id is None:
+            return None
+        try:
+            answer = await self.batch.rounds.turn(None, message_id)
+        except Exception as exc:
+            return message_id, exc
+        return self._taken(message_id, answer.taken)
+
+    async def succeed(self, claim: Claim, chunks: dict[str, Any]) -> bool:
+        """Settle a delivered message, and take the batch's next one in the same round;
+        False when a later attempt took the delivered one over."""
+        # Not renewed from here on (before the lock is deleted, so a renewal racing it is no loss).
+        self.lease.release(claim.id)
+        message_id = next(self.batch.todo, None)
+        try:
+            answer = await self.batch.rounds.turn(
+                _Success(claim.id, claim.attempts, chunks), message_id
+            )
+        except Exception as exc:
+            if message_id is not None:
+                self._next = message_id, exc
+            raise
+        if message_id is not None:
+            self._next = self._taken(message_id, answer.taken)
+        if isinstance(answer.settled, Exception):
+            raise answer.settled
+        return bool(answer.settled)
+
+    def _taken(self, message_id: int, taken: _Taken | Exception | None) -> Taken:
+        if not isinstance(taken, _Taken):
+            return message_id, taken or RuntimeError(f"no answer for message {message_id}")
+        lock, at, found = taken
         if lock.ours:
             self.lease.hold([message_id], at=at)
         if not isinstance(found, tuple):
-            return lock, found
-        return lock, Claim(*found, batch=self)  # CLAIM returns the fields in their order
-
-    async def succeed(self, claim: Claim, chunks: dict[str, Any]) -> bool:
-        """Settle a delivered message; False when a later attempt took it over."""
-        # Not renewed from here on (before the lock is deleted, so a renewal racing it is no loss).
-        self.lease.release(claim.id)
-        return await self.rounds.succeed(claim.id, claim.attempts, chunks)
-
-    async def aclose(self) -> None:
-        await self._stack.aclose()
+            return message_id, (lock, found)
+        return message_id, (lock, Claim(*found, lane=self))  # CLAIM's fields in their order

@@ -34,11 +34,11 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
-from mailroom.adapters.redis import DeliveryRedis, describe_holder
+from mailroom.adapters.redis import AcquireResult, DeliveryRedis, describe_holder
 from mailroom.backoff import backoff
 from mailroom.db import transaction
 from mailroom.delivery import metrics
-from mailroom.delivery.batch import Batch, Claim, Rounds
+from mailroom.delivery.batch import Batch, Claim, Lane, Rounds
 from mailroom.delivery.chunks import FAILED, SENT, ChunkPlan
 from mailroom.delivery.locks import BatchLease, LockOwner, process_owner
 from mailroom.delivery.ports import Envelope, Outbound, Send
@@ -155,16 +155,20 @@ class Deliverer:
             rounds = self._rounds()
             await stack.enter_async_context(rounds.active())
             lease = await stack.enter_async_context(BatchLease(renew, interval_s=ttl_ms / 3000))
-            batch = Batch(rounds, lease)
+            batch = Batch(rounds, lease, message_ids)
             stack.push_async_callback(batch.aclose)
-            todo = iter(message_ids)
 
             async def deliver_next() -> None:
-                # Lanes share the iterator, so each message is taken by one lane, and is
-                # locked and claimed only when its turn comes: a crash strands no others.
-                for message_id in todo:
+                # Each message is taken by one lane, and is locked and claimed only when its
+                # turn comes (a crash strands no others): with the settlement of the lane's
+                # message before it.
+                lane = batch.lane()
+                while (taken := await lane.take()) is not None:
+                    message_id, found = taken
                     try:
-                        result.outcomes[message_id] = await self._deliver_one(batch, message_id)
+                        result.outcomes[message_id] = await self._deliver_one(
+                            lane, message_id, found
+                        )
                     except Exception as exc:  # this message's own retry; its neighbours go on
                         result.outcomes[message_id] = Outcome.DEFERRED
                         result.retries[message_id] = exc
@@ -172,8 +176,15 @@ class Deliverer:
             lanes = min(len(message_ids), max(1, self.settings.batch_concurrency))
             await asyncio.gather(*(deliver_next() for _ in range(lanes)))
 
-    async def _deliver_one(self, batch: Batch, message_id: int) -> Outcome:
-        lock, claim = await batch.take(message_id)
+    async def _deliver_one(
+        self,
+        lane: Lane,
+        message_id: int,
+        found: tuple[AcquireResult, Claim | str | Exception | None] | Exception,
+    ) -> Outcome:
+        if isinstance(found, Exception):  # no lock was asked for, or its answer is unknown
+            raise found
+        lock, claim = found
         if lock.state == "delivered":
             return Outcome.SETTLED
         if not lock.ours:
@@ -184,10 +195,10 @@ class Deliverer:
         if isinstance(claim, Exception):
             # Nothing was sent: let the next attempt in at once. A failing release must not
             # replace the error that got us here.
-            await self._release_quietly(batch.lease, message_id)
+            await self._release_quietly(lane.lease, message_id)
             raise claim
         if not isinstance(claim, Claim):
-            await self._release(batch.lease, message_id)
+            await self._release(lane.lease, message_id)
             return _unclaimed(message_id, claim)
         return await self._attempt(claim)
 
@@ -215,7 +226,7 @@ class Deliverer:
     async def _send(self, claim: Claim, plan: ChunkPlan) -> Outcome:
         try:
             send = self.outbound.sender(claim.channel, claim.account)
-            await claim.batch.lease.guard(claim.id, self._send_chunks(claim, plan, send))
+            await claim.lane.lease.guard(claim.id, self._send_chunks(claim, plan, send))
         except LeaseLost:
             raise
         except RateLimited as exc:
@@ -259,7 +270,7 @@ class Deliverer:
 
     async def _succeed(self, claim: Claim, plan: ChunkPlan) -> Outcome:
         # Settled together with the batch's other successes ready now (Postgres first, then the delivered key).
-        if not await claim.batch.succeed(claim, plan.record()):
+        if not await claim.lane.succeed(claim, plan.record()):
             raise LeaseLost(f"message {claim.id} was taken over by a later attempt")
         metrics.delivered(claim.channel, claim.account).inc()
         logger.debug(
@@ -350,7 +361,7 @@ class Deliverer:
         if refund:
             values["attempts"] = claim.attempts - 1
         await self._update(claim, **values)
-        await self._release(claim.batch.lease, claim.id)
+        await self._release(claim.lane.lease, claim.id)
         delay_ms = max(0, int(delay_s * 1000))
         logger.info(
             "Message %s retries in %d ms (attempt %d, %d of %d chunks sent): %s",
@@ -367,7 +378,7 @@ class Deliverer:
 
     async def _update(self, claim: Claim, **values: Any) -> None:
         statement = fenced_update(frozenset(values))
-        result = await claim.batch.execute(
+        result = await claim.lane.execute(
             statement, {**values, "fence_id": claim.id, "fence_attempts": claim.attempts}
         )
         if result.one_or_none() is None:
@@ -405,7 +416,7 @@ class Deliverer:
         and the next attempt finds the final status in Postgres.
         """
         try:
-            await self._release(claim.batch.lease, claim.id, value=status)
+            await self._release(claim.lane.lease, claim.id, value=status)
         except Exception as exc:
             logger.warning(
                 "Message %s is %s in Postgres, but its Redis keys were not written (%s)",

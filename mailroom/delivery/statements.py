@@ -28,10 +28,11 @@ UNCERTAIN_ERROR = "delivery outcome unknown; verify with the recipient before re
 #: claim of 50 among 4,000 open; 0.5 ms by primary key).
 #: A message's empty chunk record (every first attempt's) comes back as NULL: the driver
 #: parses no JSON for it.
-CLAIM = """
-    WITH prev AS MATERIALIZED (
+_CLAIM_LOCKED = """
+    prev AS MATERIALIZED (
         SELECT id, status, next_retry_at FROM channel_message
-         WHERE id = ANY(CAST(%(ids)s AS bigint[])) ORDER BY id FOR UPDATE)
+         WHERE id = ANY(CAST(%(ids)s AS bigint[])) ORDER BY id FOR UPDATE)"""
+_CLAIM_UPDATE = """
     UPDATE channel_message AS m
        SET attempts = m.attempts + 1, status = 'sending', sending_since = now()
       FROM prev
@@ -41,8 +42,8 @@ CLAIM = """
        AND (prev.next_retry_at IS NULL
             OR prev.next_retry_at <= now() + make_interval(secs => CAST(%(due_slack_s)s AS float8)))
     RETURNING m.id, m.channel, m.account, m.recipient, m.subject, m.body, m.attempts,
-              NULLIF(m.chunks, '{}'::jsonb) AS chunks, m.last_error, prev.status AS previous_status
-    """
+              NULLIF(m.chunks, '{}'::jsonb) AS chunks, m.last_error, prev.status AS previous_status"""
+CLAIM = f"WITH {_CLAIM_LOCKED} {_CLAIM_UPDATE}"
 
 #: The status of each of ``ids`` that exists (to tell missing, final and not-due apart).
 STATUSES = "SELECT id, status FROM channel_message WHERE id = ANY(CAST(%(ids)s AS bigint[]))"
@@ -56,6 +57,19 @@ SUCCEED = """
       FROM json_to_recordset(CAST(%(rows)s AS json)) AS v(id bigint, attempts integer, chunks jsonb)
      WHERE m.id = v.id AND m.attempts = v.attempts AND m.status = 'sending'
     RETURNING m.id
+    """
+
+#: SUCCEED and CLAIM in one statement (one transaction, one commit to wait for): the lanes'
+#: settlements and the claims of the messages they take next. Rows are CLAIM's with
+#: ``claimed`` first (true), then one row per settled id (false, the id, the rest NULL).
+#: No message is in both: a message is in one lane of a process (``LockOwner``).
+SUCCEED_AND_CLAIM = f"""
+    WITH settled AS ({SUCCEED}),
+    {_CLAIM_LOCKED},
+    claimed AS ({_CLAIM_UPDATE})
+    SELECT true AS claimed, * FROM claimed
+    UNION ALL
+    SELECT false, id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM settled
     """
 
 

@@ -186,8 +186,9 @@ async def test_batches_running_side_by_side_share_their_round_trips(
     assert {**first.outcomes, **second.outcomes} == dict.fromkeys(ids, Outcome.DELIVERED)
     rounds = deliverer._shared
     # As a worker's threads run their batches on one loop: their locks and claims went together
-    # (one round: the locks, then at once the claims of those taken).
-    assert rounds._takes.flushes == 1
+    # (one round: the locks, then at once the claims of those taken), and so did their
+    # settlements (a second round).
+    assert rounds._turns.flushes == 2
     for message_id in ids:
         assert (await load_message(delivery_sessions, message_id)).status == "delivered"
 
@@ -293,12 +294,12 @@ async def test_a_failed_claim_round_releases_its_locks_and_retries_each_message(
     # The locks went out, then the claims of that round failed (Postgres gone mid-round).
     ids = [await make_message(delivery_sessions, body=f"hello {n}") for n in range(3)]
     rounds = deliverer._rounds()
-    claim_many = rounds._claim_many
+    write = rounds._write
 
-    async def postgres_down(message_ids: Any) -> Any:
+    async def postgres_down(successes: Any, message_ids: Any) -> Any:
         raise ServiceUnavailable("database unavailable: connection reset by peer")
 
-    monkeypatch.setattr(rounds, "_claim_many", postgres_down)
+    monkeypatch.setattr(rounds, "_write", postgres_down)
     result = await deliverer.deliver_many(ids)
 
     assert result.outcomes == dict.fromkeys(ids, Outcome.DEFERRED)
@@ -308,6 +309,73 @@ async def test_a_failed_claim_round_releases_its_locks_and_retries_each_message(
         row = await load_message(delivery_sessions, message_id)
         assert (row.status, row.attempts) == ("pending", 0)
         assert not await keys.client.exists(keys.keys.lock(message_id))  # let in at once
-    monkeypatch.setattr(rounds, "_claim_many", claim_many)
+    monkeypatch.setattr(rounds, "_write", write)
     again = await deliverer.deliver_many(ids)
     assert again.outcomes == dict.fromkeys(ids, Outcome.DELIVERED)
+
+
+def _one_lane(deliverer: Deliverer) -> Deliverer:
+    settings = deliverer.settings.model_copy(update={"batch_concurrency": 1})
+    return dataclasses.replace(deliverer, settings=settings)
+
+
+async def test_a_lane_settles_each_message_in_the_round_that_takes_its_next(
+    deliverer, delivery_sessions
+):
+    deliverer = _one_lane(deliverer)
+    ids = [await make_message(delivery_sessions, body=f"hello {n}") for n in range(3)]
+    result = await deliverer.deliver_many(ids)
+    assert result.outcomes == dict.fromkeys(ids, Outcome.DELIVERED)
+    # Take the first; settle each and take the next; settle the last: 4 rounds, not 6.
+    assert deliverer._shared._turns.flushes == 4
+
+
+async def test_a_failed_settle_and_claim_round_retries_both_messages_and_loses_neither(
+    deliverer, delivery_sessions, keys, outbound, monkeypatch
+):
+    deliverer = _one_lane(deliverer)
+    first, second = [await make_message(delivery_sessions) for _ in range(2)]
+    rounds = deliverer._rounds()
+    write = rounds._write
+
+    async def down_when_both(successes: Any, message_ids: Any) -> Any:
+        if successes and message_ids:  # the first's settlement with the second's claim
+            raise ServiceUnavailable("database unavailable: connection reset by peer")
+        return await write(successes, message_ids)
+
+    monkeypatch.setattr(rounds, "_write", down_when_both)
+    result = await deliverer.deliver_many([first, second])
+
+    assert result.outcomes == {first: Outcome.DEFERRED, second: Outcome.DEFERRED}
+    assert all(isinstance(e, ServiceUnavailable) for e in result.retries.values())
+    assert [e.message_id for e in outbound.sent] == [first]
+    # The first was sent, not settled: its attempt stands, its retry settles it. The second was
+    # neither claimed nor sent, and its lock is let go at once.
+    row = await load_message(delivery_sessions, first)
+    assert (row.status, row.attempts) == ("sending", 1)
+    row = await load_message(delivery_sessions, second)
+    assert (row.status, row.attempts) == ("pending", 0)
+    assert not await keys.client.exists(keys.keys.lock(second))
+
+
+async def test_a_lock_round_that_fails_still_settles_the_messages_sent_before_it(
+    deliverer, delivery_sessions, keys, outbound, monkeypatch
+):
+    deliverer = _one_lane(deliverer)
+    first, second = [await make_message(delivery_sessions) for _ in range(2)]
+    acquire_locks, calls = keys.acquire_locks, []
+
+    async def down_at_the_second(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args)
+        if len(calls) == 2:  # the second's lock, in the round settling the first
+            raise ServiceUnavailable("redis unavailable: connection reset by peer")
+        return await acquire_locks(*args, **kwargs)
+
+    monkeypatch.setattr(keys, "acquire_locks", down_at_the_second)
+    result = await deliverer.deliver_many([first, second])
+
+    assert result.outcomes == {first: Outcome.DELIVERED, second: Outcome.DEFERRED}
+    assert isinstance(result.retries[second], ServiceUnavailable)
+    assert (await load_message(delivery_sessions, first)).status == "delivered"
+    row = await load_message(delivery_sessions, second)
+    assert (row.status, row.attempts) == ("pending", 0)
