@@ -6,8 +6,8 @@ have ready at the same moment goes out together (``Rounds``). A lane's turn sett
 message it has delivered and takes the next one: the locks of those taken as one Redis
 call, then one statement that settles the deliveries (fenced on their attempts) and claims
 the messages whose locks are ours (``UPDATE … WHERE id = ANY(…)``), one transaction and one
-commit to wait for, then the delivered keys and lock releases as one Redis call (Postgres
-first: the keys are only a cache of it). A worker runs its threads' batches side by side
+commit to wait for, then, beside the lanes (which go on at once), the delivered keys and
+lock releases as one Redis call (Postgres first: the keys are only a cache of it). A worker runs its threads' batches side by side
 on one loop, so sharing the round trips between them makes each one carry several batches'
 messages instead of a few of one batch's. A round's error reaches the messages in that
 round only.
@@ -309,7 +309,7 @@ class Batch:
 #: state (settled, ours, held by someone else) with, the lock ours, the claim or why there is
 #: none (the message's status, final or not due yet; None when it does not exist; the error
 #: that stopped the claim).
-Taken = tuple[int, "tuple[AcquireResult, Claim | str | Exception | None] | Exception"]
+TakenMessage = tuple[int, "tuple[AcquireResult, Claim | str | Exception | None] | Exception"]
 
 
 class Lane:
@@ -321,9 +321,9 @@ class Lane:
         self.batch = batch
         self.lease = batch.lease
         self.execute = batch.execute
-        self._next: Taken | None = None
+        self._next: TakenMessage | None = None
 
-    async def take(self) -> Taken | None:
+    async def take(self) -> TakenMessage | None:
         """The next message of the batch, locked (a lock taken is held by the lease) and,
         when the lock is ours, claimed (an attempt counted, ``sending``, committed);
         None when the batch has no more."""
@@ -359,7 +359,7 @@ class Lane:
             raise answer.settled
         return bool(answer.settled)
 
-    def _taken(self, message_id: int, taken: _Taken | Exception | None) -> Taken:
+    def _taken(self, message_id: int, taken: _Taken | Exception | None) -> TakenMessage:
         if not isinstance(taken, _Taken):
             return message_id, taken or RuntimeError(f"no answer for message {message_id}")
         lock, at, found = taken
