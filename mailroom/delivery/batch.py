@@ -3,14 +3,14 @@
 Each message of a batch runs the whole per-message protocol in a lane, one message after
 another; what the lanes of all the batches running on one event loop (one worker process)
 have ready at the same moment goes out together (``Rounds``). A lane's turn settles the
-message it has delivered and takes the next one: the locks of those taken as one Redis
-call, then one statement that settles the deliveries (fenced on their attempts) and claims
-the messages whose locks are ours (``UPDATE … WHERE id = ANY(…)``), one transaction and one
+message it has delivered and takes the next one: the locks of those taken as one Redis call,
+then one statement that settles the deliveries (fenced on their attempts) and claims the
+messages whose locks are ours (``UPDATE … WHERE id = ANY(…)``), one transaction and one
 commit to wait for, then, beside the lanes (which go on at once), the delivered keys and
-lock releases as one Redis call (Postgres first: the keys are only a cache of it). A worker runs its threads' batches side by side
-on one loop, so sharing the round trips between them makes each one carry several batches'
-messages instead of a few of one batch's. A round's error reaches the messages in that
-round only.
+lock releases as one Redis call (Postgres first: the keys are only a cache of it). A worker
+runs its threads' batches side by side on one loop, so sharing the round trips between them
+makes each one carry several batches' messages instead of a few of one batch's. A round's
+error reaches the messages in that round only.
 """
 
 from __future__ import annotations

@@ -269,7 +269,8 @@ class Deliverer:
                 await self._update(claim, chunks=plan.record())
 
     async def _succeed(self, claim: Claim, plan: ChunkPlan) -> Outcome:
-        # Settled together with the batch's other successes ready now (Postgres first, then the delivered key).
+        # Settled in one round with the turns of the other lanes ready now, this lane's next
+        # message taken in it (Postgres first, then the delivered key).
         if not await claim.lane.succeed(claim, plan.record()):
             raise LeaseLost(f"message {claim.id} was taken over by a later attempt")
         metrics.delivered(claim.channel, claim.account).inc()
