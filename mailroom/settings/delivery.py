@@ -139,7 +139,11 @@ class DeliverySettings(StrictModel):
     consumer_group: str = "mailroom-delivery"
     #: Stream entries idle for longer than this are claimed from dead bridges, in milliseconds.
     claim_idle_ms: int = 30_000
-    read_count: int = 100
+    #: Stream entries read at once; the bridge sends them as one ``deliver_channel_messages``
+    #: batch. 200 rather than 100: a batch's own work (the accounts' version query, its lanes
+    #: and lease, its log line) and its tail (lanes ending one by one) are spread over twice the
+    #: messages; a 1 x 8 worker delivered about 7 % more webhooks a second (``bench/delivery.py``).
+    read_count: int = 200
     read_block_ms: int = 1_000
     #: Approximate upper bound on stream length (XADD MAXLEN ~).
     stream_maxlen: int = 100_000
