@@ -6,7 +6,7 @@ Dramatiq and the other processes' share out, and runs in one process, on one eve
 on embedded Postgres and Redis (durable) and the signature-checking sink of
 ``bench/http_baseline.py``, each in turn and alternating over the rounds:
 
-* ``deliverer``: ``Deliverer.deliver_many`` on 8 batches of 100 at a time (a worker's 8
+* ``deliverer``: ``Deliverer.deliver_many`` on 8 batches of a stream read at a time (a worker's 8
   threads), webhook messages to the sink;
 * ``steps``: the same with a channel that sends nothing: the deliverer's own steps (locks,
   claims, settlements, lease, lanes) without HTTP;
@@ -52,7 +52,7 @@ from mailroom.migrate import upgrade  # noqa: E402
 from mailroom.settings import DeliverySettings, WebhookAccount  # noqa: E402
 
 #: Batches delivered at once (a worker's threads) and messages per batch (a stream read).
-BATCHES, BATCH_SIZE = 8, 100
+BATCHES, BATCH_SIZE = 8, DeliverySettings.model_fields["read_count"].default
 
 
 @register("bench-null")
