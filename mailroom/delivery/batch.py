@@ -276,7 +276,7 @@ class Rounds:
 class Batch:
     """One batch's messages, lease and own statements (a connection taken at the first one).
 
-    Its lanes take the messages in turn (``lane``); locks, claims and successes go through
+    Its lanes (``Lane``) take the messages in turn; locks, claims and successes go through
     the loop's shared ``Rounds``; the rarer writes of one message (a chunk recorded, a
     failure, a retry) run here, one at a time on the batch's connection.
     """
@@ -290,9 +290,6 @@ class Batch:
         self._statement_lock = asyncio.Lock()
         self._stack = contextlib.AsyncExitStack()
 
-    def lane(self) -> Lane:
-        return Lane(self)
-
     async def execute(self, statement: Any, params: dict[str, Any]) -> Any:
         async with self._statement_lock:
             if self._connection is None:
@@ -305,11 +302,13 @@ class Batch:
         await self._stack.aclose()
 
 
-#: What a lane took: the message, and either the error that stopped its lock, or the lock's
-#: state (settled, ours, held by someone else) with, the lock ours, the claim or why there is
-#: none (the message's status, final or not due yet; None when it does not exist; the error
-#: that stopped the claim).
-TakenMessage = tuple[int, "tuple[AcquireResult, Claim | str | Exception | None] | Exception"]
+#: What a lane's take found: the error that stopped its lock, or the lock's state (settled,
+#: ours, held by someone else) with, the lock ours, the claim or why there is none (the
+#: message's status, final or not due yet; None when it does not exist; the error that
+#: stopped the claim).
+Found = tuple[AcquireResult, "Claim | str | Exception | None"] | Exception
+#: What a lane took: the message and what its take found.
+TakenMessage = tuple[int, Found]
 
 
 class Lane:

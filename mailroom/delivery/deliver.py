@@ -34,11 +34,11 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
-from mailroom.adapters.redis import AcquireResult, DeliveryRedis, describe_holder
+from mailroom.adapters.redis import DeliveryRedis, describe_holder
 from mailroom.backoff import backoff
 from mailroom.db import transaction
 from mailroom.delivery import metrics
-from mailroom.delivery.batch import Batch, Claim, Lane, Rounds
+from mailroom.delivery.batch import Batch, Claim, Found, Lane, Rounds
 from mailroom.delivery.chunks import FAILED, SENT, ChunkPlan
 from mailroom.delivery.locks import BatchLease, LockOwner, process_owner
 from mailroom.delivery.ports import Envelope, Outbound, Send
@@ -162,7 +162,7 @@ class Deliverer:
                 # Each message is taken by one lane, and is locked and claimed only when its
                 # turn comes (a crash strands no others): with the settlement of the lane's
                 # message before it.
-                lane = batch.lane()
+                lane = Lane(batch)
                 while (taken := await lane.take()) is not None:
                     message_id, found = taken
                     try:
@@ -176,12 +176,7 @@ class Deliverer:
             lanes = min(len(message_ids), max(1, self.settings.batch_concurrency))
             await asyncio.gather(*(deliver_next() for _ in range(lanes)))
 
-    async def _deliver_one(
-        self,
-        lane: Lane,
-        message_id: int,
-        found: tuple[AcquireResult, Claim | str | Exception | None] | Exception,
-    ) -> Outcome:
+    async def _deliver_one(self, lane: Lane, message_id: int, found: Found) -> Outcome:
         if isinstance(found, Exception):  # no lock was asked for, or its answer is unknown
             raise found
         lock, claim = found
