@@ -10,9 +10,9 @@ import dramatiq
 from pydantic import PositiveInt, TypeAdapter, ValidationError
 
 from actors import queues
-from actors.resources import Resources, current
-from actors.retry_policy import RetryPolicy
-from mailroom import actor_names
+from actors.middleware.resources import Resources, current
+from actors.middleware.retry_policy import RetryPolicy
+from mailroom import queues as actor_names
 from mailroom.adapters.redis import DeliveryRedis
 from mailroom.delivery.deliver import Deliverer
 from mailroom.delivery.producer import readd_pending_messages

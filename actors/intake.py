@@ -8,16 +8,16 @@ import dramatiq
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from actors import queues
+from actors.middleware.resources import current
+from actors.middleware.retry_policy import RetryPolicy
 from actors.notifications import request_notification_pass
 from actors.recognition import publish_recognition_requests
-from actors.resources import current
-from actors.retry_policy import RetryPolicy
-from mailroom import actor_names
+from mailroom import queues as actor_names
 from mailroom.config_store import effective
 from mailroom.intake.pending import mark_polls_queued
 from mailroom.intake.poll import IntakeDeps, find_mailbox
 from mailroom.intake.poll import poll_mailbox as poll
-from mailroom.recognition import window
+from mailroom.recognition.outbox import window
 from mailroom.settings import IntakeSettings
 
 #: The mailboxes of the table, read again only when its mailbox rows change.

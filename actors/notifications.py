@@ -6,11 +6,12 @@ import time
 
 import dramatiq
 
-from actors.resources import current
-from actors.retry_policy import RetryPolicy
-from actors.sending import send_off_loop
-from mailroom import actor_names, notifications
+from actors.broker.sending import send_off_loop
+from actors.middleware.resources import current
+from actors.middleware.retry_policy import RetryPolicy
+from mailroom import queues as actor_names
 from mailroom.config_store import effective
+from mailroom.notifications import passes as notifications
 
 #: This process's routes, re-read only when the route rows change.
 _ROUTES = effective.runtime_routes()

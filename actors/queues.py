@@ -1,9 +1,9 @@
 """Queue names, by workload: ops scale each with its own worker processes and threads.
 
-They live in ``mailroom.actor_names``, which the processes that send by name import too.
+They live in ``mailroom.queues``, which the processes that send by name import too.
 """
 
-from mailroom.actor_names import (
+from mailroom.queues import (
     ALL,
     DELIVERY,
     INBOX,

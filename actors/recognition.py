@@ -13,15 +13,19 @@ import dramatiq
 from dramatiq.asyncio import async_to_sync
 
 from actors import queues
+from actors.broker.sending import send_each_off_loop, send_off_loop
+from actors.middleware.resources import current
+from actors.middleware.retry_policy import RetryPolicy
 from actors.notifications import request_notification_pass
-from actors.resources import current
-from actors.retry_policy import RetryPolicy
-from actors.sending import send_each_off_loop, send_off_loop
-from mailroom import actor_names
+from mailroom import queues as actor_names
 from mailroom.errors import NatsPublishFailed, NatsUnavailable
-from mailroom.recognition import gate, inbox, mapping, outbox, watchdog, window
+from mailroom.recognition import gate, watchdog
 from mailroom.recognition.finality import short_repr
-from mailroom.recognition.inbox_messages import InboxMessage
+from mailroom.recognition.inbox import apply as inbox
+from mailroom.recognition.inbox.messages import InboxMessage
+from mailroom.recognition.mapping import run as mapping
+from mailroom.recognition.outbox import relay as outbox
+from mailroom.recognition.outbox import window
 
 logger = logging.getLogger(__name__)
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import dramatiq
 
-from actors.resources import current
-from actors.retry_policy import RetryPolicy
-from mailroom import actor_names
+from actors.middleware.resources import current
+from actors.middleware.retry_policy import RetryPolicy
+from mailroom import queues as actor_names
 from mailroom.lifecycle.retention import run_retention_pass
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import dramatiq
 
 from actors import queues
-from actors.maintenance import run_redis_maintenance
-from actors.retry_policy import RetryPolicy
-from mailroom import actor_names
+from actors.middleware.maintenance import run_redis_maintenance
+from actors.middleware.retry_policy import RetryPolicy
+from mailroom import queues as actor_names
 
 
 @dramatiq.actor(queue_name=queues.SYSTEM, retry_policy=RetryPolicy(max_attempts=1))

@@ -47,7 +47,7 @@ async def ack(sessions: Any, ids: list[Any]) -> None:
     """Ack these published jobs as a service would, in a transaction of their own."""
     from sqlalchemy import text
 
-    from mailroom.recognition.sql_params import uuid_array
+    from mailroom.db.params import uuid_array
 
     if ids:
         async with sessions() as session, session.begin():
@@ -64,7 +64,7 @@ async def relay(
     import nats as nats_py
     from sqlalchemy import text
 
-    from mailroom.db import create_engine, create_sessionmaker
+    from mailroom.db.engine import create_engine, create_sessionmaker
 
     engine = create_engine(settings.database)
     sessions = create_sessionmaker(engine)

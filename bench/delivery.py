@@ -47,8 +47,8 @@ import durability  # noqa: E402
 from http_baseline import SinkProcess  # noqa: E402
 from stages import ProcessCpu, machine_bound  # noqa: E402
 
+from mailroom.db.migrate import upgrade  # noqa: E402
 from mailroom.devtools.stack import EmbeddedPostgres, EmbeddedRedis  # noqa: E402
-from mailroom.migrate import upgrade  # noqa: E402
 
 #: Longest any one measurement may take before the run is declared stuck, in seconds.
 STUCK_AFTER_S = 300.0

@@ -44,11 +44,11 @@ import durability  # noqa: E402
 from delivery import delivered, insert_messages  # noqa: E402
 from http_baseline import SinkProcess, posts  # noqa: E402
 
-from mailroom import gc_policy  # noqa: E402
 from mailroom.adapters.channels import register  # noqa: E402
+from mailroom.db.migrate import upgrade  # noqa: E402
 from mailroom.delivery.ports import Envelope  # noqa: E402
 from mailroom.devtools.stack import EmbeddedPostgres, EmbeddedRedis  # noqa: E402
-from mailroom.migrate import upgrade  # noqa: E402
+from mailroom.process import gc_policy  # noqa: E402
 from mailroom.settings import DeliverySettings, WebhookAccount  # noqa: E402
 
 #: Batches delivered at once (a worker's threads) and messages per batch (a stream read).
@@ -100,7 +100,7 @@ class Core:
 
     # -- the sides ---------------------------------------------------------------------------
     async def deliverer(self, ids: list[int]) -> tuple[float, float]:
-        from actors.resources import Resources
+        from actors.middleware.resources import Resources
         from mailroom.adapters.redis import DeliveryRedis
         from mailroom.delivery.deliver import Deliverer
         from mailroom.settings import Settings

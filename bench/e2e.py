@@ -40,12 +40,12 @@ sys.path.insert(0, str(ROOT))
 import durability  # noqa: E402
 from stages import ProcessCpu, StageTimes, machine_bound, outcome_line  # noqa: E402
 
+from mailroom.db.migrate import upgrade  # noqa: E402
 from mailroom.devtools.imap import DEMO_PASSWORD, DEMO_USER, ImapServer, demo_mailbox  # noqa: E402
 from mailroom.devtools.seed import build_mail, invoice_csv  # noqa: E402
 from mailroom.devtools.sinks import WebhookSink  # noqa: E402
 from mailroom.devtools.stack import EmbeddedNats, EmbeddedPostgres, EmbeddedRedis  # noqa: E402
 from mailroom.devtools.system import System, system_env  # noqa: E402
-from mailroom.migrate import upgrade  # noqa: E402
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -300,7 +300,7 @@ def main() -> None:
             )
             env = dev_defaults(env, imap, "bench")
             (base / "logs").mkdir()
-            from mailroom.db import libpq_dsn
+            from mailroom.db.engine import libpq_dsn
 
             dsn = libpq_dsn(postgres.url())
             system = System(env, dsn, "bench", imap, sink, base / "logs")

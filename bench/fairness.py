@@ -43,7 +43,8 @@ import psycopg  # noqa: E402
 from e2e import dev_defaults, mail, server_pids  # noqa: E402
 from stages import ProcessCpu  # noqa: E402
 
-from mailroom.db import libpq_dsn  # noqa: E402
+from mailroom.db.engine import libpq_dsn  # noqa: E402
+from mailroom.db.migrate import upgrade  # noqa: E402
 from mailroom.devtools.dev import process_specs  # noqa: E402
 from mailroom.devtools.dovecot import (  # noqa: E402
     DovecotServer,
@@ -55,7 +56,6 @@ from mailroom.devtools.imap import DEMO_PASSWORD, DEMO_USER, ImapServer, demo_ma
 from mailroom.devtools.sinks import WebhookSink  # noqa: E402
 from mailroom.devtools.stack import EmbeddedNats, EmbeddedPostgres, EmbeddedRedis  # noqa: E402
 from mailroom.devtools.system import System, system_env  # noqa: E402
-from mailroom.migrate import upgrade  # noqa: E402
 
 #: Mailboxes with all their mails stored, and mails stored in all: what the run waits for.
 PROGRESS_SQL = """

@@ -142,7 +142,7 @@ if __name__ == "__main__":
     else:
         url, secret, count, concurrency = sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
         # The collector as the deliverer's worker has it (`mailroom worker`): like with like.
-        from mailroom import gc_policy
+        from mailroom.process import gc_policy
 
         gc_policy.tune()
         rate, cpu_s = asyncio.run(posts(url, secret, int(count), int(concurrency)))

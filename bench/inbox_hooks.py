@@ -1,7 +1,7 @@
 """Imported by the inbox bench's worker processes after ``actors``: timing and the no-op baseline.
 
 ``bench/outbox.py`` runs the inbox's worker as deployed, Dramatiq's CLI as ``mailroom worker``
-runs it (``mailroom.dramatiq_main``: ``-Q inbox``, the processes and threads of ``mailroom
+runs it (``mailroom.process.dramatiq_main``: ``-Q inbox``, the processes and threads of ``mailroom
 dev`` and the compose stack), with this module named after ``actors``. Each worker process
 then appends a line per finished batch message to ``$BENCH_INBOX_TIMING_DIR/<pid>.txt``:
 its enqueue time, when it finished (wall clock, seconds) and the results it carried. It also

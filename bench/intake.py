@@ -56,11 +56,11 @@ from stages import ProcessCpu  # bench/, as durability
 
 from mailroom.adapters.imap import ImapMailbox
 from mailroom.adapters.storage import build_store
-from mailroom.db import create_engine, create_sessionmaker
+from mailroom.db.engine import create_engine, create_sessionmaker
+from mailroom.db.migrate import upgrade
 from mailroom.devtools.stack import EmbeddedPostgres, _wait_for_port, find_binary, free_port
 from mailroom.intake.connections import ConnectionPool
 from mailroom.intake.poll import IntakeDeps, poll_mailbox
-from mailroom.migrate import upgrade
 from mailroom.settings import (
     DatabaseSettings,
     IntakeSettings,
@@ -182,7 +182,7 @@ async def _no_nudge() -> None:
 def log_like_the_worker(path: Path) -> None:
     """Log as ``mailroom dev``'s intake worker does (``configure_logging``: INFO, one line per
     mail stored, its format and filters), into a file; the console keeps only warnings."""
-    from mailroom.observability import configure_logging
+    from mailroom.process.observability import configure_logging
 
     root = logging.getLogger()
     for handler in list(root.handlers):  # the bench's own console handler: the worker's instead

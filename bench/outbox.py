@@ -15,7 +15,7 @@ durable by default: fsync on for both sides alike, ``--fast`` turns it off), mig
   is not acked (it never fills a window), which only lowers the publisher's ratio.
 * inbox: N ``done`` results pre-loaded into JetStream; a ``mailroom bridge nats``
   subprocess feeds the inbox's worker as deployed: Dramatiq's CLI as ``mailroom worker
-  -Q inbox`` runs it (``mailroom.dramatiq_main``, RedisBroker), with the processes and
+  -Q inbox`` runs it (``mailroom.process.dramatiq_main``, RedisBroker), with the processes and
   threads of ``mailroom dev`` and the compose stack (2 x 8), running
   ``apply_recognition_messages`` (batches the bridge formed)
   against Postgres; every result must be applied. Each worker process times its
@@ -68,10 +68,10 @@ import baselines  # noqa: E402
 import durability  # noqa: E402
 from stages import ProcessCpu  # noqa: E402
 
+from mailroom.db.migrate import upgrade  # noqa: E402
 from mailroom.devtools.dev import WORKER_PROCESSES, WORKER_THREADS  # noqa: E402
 from mailroom.devtools.stack import EmbeddedNats, EmbeddedPostgres, EmbeddedRedis  # noqa: E402
-from mailroom.migrate import upgrade  # noqa: E402
-from mailroom.recognition.inbox_sql import WRITTEN  # noqa: E402
+from mailroom.recognition.inbox.sql import WRITTEN  # noqa: E402
 
 #: The outbox part never runs on fewer queued jobs than this.
 MIN_JOBS = 20_000
@@ -167,8 +167,8 @@ async def mailroom_publisher(settings: Any) -> tuple[int, float]:
     """Mailroom's outbox passes, each acked (``baselines.ack``), until nothing is left;
     (jobs, elapsed)."""
     from mailroom.adapters.nats import NatsClient
-    from mailroom.db import create_engine, create_sessionmaker
-    from mailroom.recognition.outbox import publish_recognition_requests
+    from mailroom.db.engine import create_engine, create_sessionmaker
+    from mailroom.recognition.outbox.relay import publish_recognition_requests
 
     engine = create_engine(settings.database)
     sessions = create_sessionmaker(engine)
@@ -289,7 +289,7 @@ class Timing:
 def worker_command() -> list[str]:
     """The inbox's worker as ``mailroom worker -Q inbox`` runs it, with the bench's hooks.
 
-    Dramatiq's CLI in ``mailroom.dramatiq_main`` (what ``mailroom worker`` calls), with the
+    Dramatiq's CLI in ``mailroom.process.dramatiq_main`` (what ``mailroom worker`` calls), with the
     processes and threads ``mailroom dev`` and the compose stack give the inbox queue;
     ``inbox_hooks`` is imported after ``actors`` in every worker process.
     """

@@ -24,7 +24,7 @@ from pathlib import Path
 import psycopg
 from imapclient import IMAPClient
 
-from mailroom.db import libpq_dsn
+from mailroom.db.engine import libpq_dsn
 
 #: Syncs in flight at once, as ``mailroom.adapters.storage.filesystem.SYNC_THREADS``.
 SYNC_THREADS = 16

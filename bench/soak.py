@@ -73,14 +73,14 @@ sys.path.insert(0, str(ROOT))
 
 import durability  # noqa: E402
 
-from mailroom.db import libpq_dsn  # noqa: E402
+from mailroom.db.engine import libpq_dsn  # noqa: E402
+from mailroom.db.migrate import upgrade  # noqa: E402
+from mailroom.db.models import FINAL_FILE_STATUSES, FINAL_MESSAGE_STATUSES  # noqa: E402
 from mailroom.devtools.imap import DEMO_PASSWORD, DEMO_USER, ImapServer  # noqa: E402
 from mailroom.devtools.seed import invoice_mails  # noqa: E402
 from mailroom.devtools.sinks import WebhookSink  # noqa: E402
 from mailroom.devtools.stack import EmbeddedNats, EmbeddedPostgres, EmbeddedRedis  # noqa: E402
 from mailroom.devtools.system import System, system_env  # noqa: E402
-from mailroom.migrate import upgrade  # noqa: E402
-from mailroom.models import FINAL_FILE_STATUSES, FINAL_MESSAGE_STATUSES  # noqa: E402
 
 FOLDER = "soak"
 #: What is killed, by process name of ``process_specs``.
@@ -230,7 +230,7 @@ def _missing(
         return "file not final"
     if not notified:
         return "final, not notified"
-    state = int(finalized.timestamp() * 1000)  # as mailroom/notifications.py keys it
+    state = int(finalized.timestamp() * 1000)  # as mailroom/notifications/passes.py keys it
     for number in range(len(ROUTES)):
         message = messages.get(f"mail:{mail_id}:final:{state}:route:{number}")
         if message is None:

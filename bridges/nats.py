@@ -24,8 +24,8 @@ from prometheus_client import Counter
 
 from mailroom.adapters.nats import IncomingMessage, NatsClient, ResultSubscription
 from mailroom.errors import AppError
+from mailroom.process.stop_signals import handle_stop_signals
 from mailroom.settings import Settings
-from mailroom.stop_signals import handle_stop_signals
 
 logger = logging.getLogger(__name__)
 
@@ -211,12 +211,12 @@ async def _main(settings: Settings, send: Send) -> int:
 
 def run(settings: Settings) -> int:
     """Run the bridge until SIGTERM/SIGINT; the process exit code."""
-    from mailroom import actor_names
-    from mailroom.observability import start_metrics_server
+    from mailroom import queues as actor_names
+    from mailroom.process.observability import start_metrics_server
 
     # Batches go to the inbox actor by name: this process loads no actor module.
     actor_names.only_send()
-    from actors.transport import send, set_sending_broker
+    from actors.broker.transport import send, set_sending_broker
 
     broker = set_sending_broker(settings)
     start_metrics_server(settings)

@@ -28,9 +28,9 @@ from mailroom.adapters.redis_client import async_client
 from mailroom.backoff import backoff
 from mailroom.delivery import metrics
 from mailroom.delivery.contracts import PAYLOAD_FIELD, decode_payload
-from mailroom.identity import host_pid
+from mailroom.process.identity import host_pid
+from mailroom.process.stop_signals import handle_stop_signals
 from mailroom.settings import DeliverySettings, RedisSettings, Settings
-from mailroom.stop_signals import handle_stop_signals
 
 logger = logging.getLogger(__name__)
 
@@ -328,12 +328,12 @@ async def serve(settings: Settings, send: Callable[[list[int]], object]) -> int:
 
 def run(settings: Settings) -> int:
     """Entry point of ``mailroom bridge stream``."""
-    from mailroom import actor_names
-    from mailroom.observability import start_metrics_server
+    from mailroom import queues as actor_names
+    from mailroom.process.observability import start_metrics_server
 
     # Batches go to the delivery actor by name: this process loads no actor module.
     actor_names.only_send()
-    from actors.transport import send, set_sending_broker
+    from actors.broker.transport import send, set_sending_broker
 
     broker = set_sending_broker(settings)
     start_metrics_server(settings)

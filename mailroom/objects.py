@@ -7,7 +7,7 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from mailroom.adapters.storage import BucketRole, StoredRef
-from mailroom.models import StoredObject
+from mailroom.db.models import StoredObject
 
 
 async def register_object(

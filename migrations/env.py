@@ -1,6 +1,6 @@
 """Alembic environment: the URL comes from Settings unless the caller passed one.
 
-Online runs hold the migration advisory lock (``mailroom.migrate.migration_lock``),
+Online runs hold the migration advisory lock (``mailroom.db.migrate.migration_lock``),
 so two ``mailroom migrate`` runs against one database apply the migrations once.
 """
 
@@ -11,9 +11,9 @@ from logging.config import fileConfig
 from alembic import context
 from sqlalchemy import create_engine, pool
 
-from mailroom.db import database_url
-from mailroom.migrate import migration_lock
-from mailroom.models import Base
+from mailroom.db.engine import database_url
+from mailroom.db.migrate import migration_lock
+from mailroom.db.models import Base
 from mailroom.settings import Settings
 
 config = context.config

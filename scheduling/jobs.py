@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
-from mailroom import actor_names
+from mailroom import queues as actor_names
 from mailroom.settings import Settings
 
 
@@ -20,10 +20,10 @@ class PeriodicJob:
 def job_table(settings: Settings) -> list[PeriodicJob]:
     """Every periodic job (ARCHITECTURE.md, Processes), with intervals from settings.
 
-    Each sends through the process's broker (``actors.transport.send``), by the actor's
+    Each sends through the process's broker (``actors.broker.transport.send``), by the actor's
     name: the scheduler never imports the actors.
     """
-    from actors.transport import send
+    from actors.broker.transport import send
 
     every = settings.scheduler
     # One job for every mailbox: its actor reads the mailboxes of the environment and of the

@@ -15,8 +15,8 @@ import logging
 
 import psycopg
 
-from mailroom.db_dsn import keepalive_args, server_keepalive_options
-from mailroom.identity import host_pid
+from mailroom.db.dsn import keepalive_args, server_keepalive_options
+from mailroom.process.identity import host_pid
 from mailroom.settings import DatabaseSettings
 
 logger = logging.getLogger(__name__)

@@ -10,16 +10,16 @@ from typing import TYPE_CHECKING
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
-from mailroom.db_dsn import psycopg_dsn
-from mailroom.observability import active_sentry
+from mailroom.db.dsn import psycopg_dsn
+from mailroom.process.observability import active_sentry
+from mailroom.process.stop_signals import handle_stop_signals
 from mailroom.settings import Settings
-from mailroom.stop_signals import handle_stop_signals
 from scheduling import metrics
 from scheduling.jobs import PeriodicJob, job_table
 from scheduling.leader import LeaderElection
 
 if TYPE_CHECKING:
-    from mailroom.metrics_gauges import WorkStateCollector
+    from mailroom.ops.gauges import WorkStateCollector
 
 logger = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ def register_work_state(settings: Settings, service: SchedulerService) -> WorkSt
     """The work-state gauges, exported by the leading scheduler only (counted once)."""
     from prometheus_client import REGISTRY
 
-    from mailroom.metrics_gauges import WorkStateCollector
+    from mailroom.ops.gauges import WorkStateCollector
 
     dsn = psycopg_dsn(settings.database)
     collector = WorkStateCollector(dsn, active=service.is_leader.is_set)
@@ -129,12 +129,12 @@ def register_work_state(settings: Settings, service: SchedulerService) -> WorkSt
 
 def run(settings: Settings) -> int:
     """Run until SIGTERM or SIGINT; exit 0."""
-    from mailroom import actor_names
-    from mailroom.observability import start_metrics_server
+    from mailroom import queues as actor_names
+    from mailroom.process.observability import start_metrics_server
 
     # The jobs send by name: this process loads no actor module (actor_names.py).
     actor_names.only_send()
-    from actors.transport import set_sending_broker
+    from actors.broker.transport import set_sending_broker
 
     set_sending_broker(settings)
 

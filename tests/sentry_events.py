@@ -9,7 +9,7 @@ from contextlib import contextmanager
 import sentry_sdk
 from sentry_sdk.transport import Transport
 
-from mailroom.observability import init_sentry
+from mailroom.process.observability import init_sentry
 from mailroom.settings import Settings
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from mailroom.errors import OAuthTokenRefused, OAuthTokenUnavailable
-from mailroom.settings_oauth import OAuthSettings
+from mailroom.settings.oauth import OAuthSettings
 
 if TYPE_CHECKING:
     # Imported where a token is fetched: intake imports this module for every IMAP login,

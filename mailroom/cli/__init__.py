@@ -64,7 +64,7 @@ def _options(
 
 def load_settings(process: str) -> Settings:
     """Settings for this process, with logging (and Sentry) configured before any broker."""
-    from mailroom.observability import setup_process
+    from mailroom.process.observability import setup_process
 
     settings = Settings()
     setup_process(settings, process=process)
@@ -73,7 +73,7 @@ def load_settings(process: str) -> Settings:
 
 def start_service(process: str) -> Settings:
     """``load_settings`` for a long-running process, its garbage collector tuned first."""
-    from mailroom import gc_policy
+    from mailroom.process import gc_policy
 
     gc_policy.tune()
     return load_settings(process)
@@ -86,9 +86,9 @@ def migrate() -> None:
     Runs one at a time per database (a Postgres advisory lock); a second run waits, then
     finds the schema at head.
     """
-    from mailroom.db import database_url
+    from mailroom.db.engine import database_url
+    from mailroom.db.migrate import upgrade
     from mailroom.errors import MigrationLockTimeout
-    from mailroom.migrate import upgrade
 
     settings = load_settings("migrate")
     try:
@@ -115,7 +115,7 @@ def worker(
     threads: int = typer.Option(8, "--threads", "-t"),
 ) -> None:
     """Run the workers that do the pipelines' work (Dramatiq actors, logging as configured)."""
-    # Dramatiq's main runs in this process (mailroom.dramatiq_main): exec'ing a fresh
+    # Dramatiq's main runs in this process (mailroom.process.dramatiq_main): exec'ing a fresh
     # interpreter imported pydantic and the settings a second time (about 0.4 s of CPU).
     args = ["actors", "-p", str(processes), "-t", str(threads)]
     if queues:
@@ -134,7 +134,7 @@ def worker(
 
         os.makedirs(DB_PATH, exist_ok=True)
         os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", DB_PATH)
-    from mailroom import dramatiq_main
+    from mailroom.process import dramatiq_main
 
     raise typer.Exit(dramatiq_main.main(args, settings=settings))
 

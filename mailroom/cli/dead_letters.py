@@ -22,10 +22,10 @@ from rich.console import Console
 from rich.table import Table
 
 from mailroom.adapters.redis_client import CLI_REDIS_ATTEMPTS, sync_client
-from mailroom.audit import OPERATOR, operator_id, record_audit_event
+from mailroom.db.audit import OPERATOR, operator_id, record_audit_event
 from mailroom.settings import Settings
 
-#: Why the worker gave the message up (``actors.dead_letters`` stores it with the message).
+#: Why the worker gave the message up (``actors.middleware.dead_letters`` stores it with the message).
 REASON_OPTION = "dead_letter_reason"
 #: Message options that describe the failed run, not the message.
 DROPPED_OPTIONS = frozenset(

@@ -14,8 +14,8 @@ from rich.table import Table
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from mailroom.adapters.redis_client import CLI_REDIS_ATTEMPTS, async_client
-from mailroom.audit import operator_id
-from mailroom.db import create_engine, create_sessionmaker, transaction
+from mailroom.db.audit import operator_id
+from mailroom.db.engine import create_engine, create_sessionmaker, transaction
 from mailroom.settings import Settings
 
 app = typer.Typer(no_args_is_help=True, help="Operate the delivery pipeline.")

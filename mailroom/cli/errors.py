@@ -116,7 +116,7 @@ def _validation_lines(exc: ValidationError) -> list[str]:
 
 def _did_you_mean(key: str, loc: tuple[int | str, ...]) -> str:
     from mailroom.settings import Settings
-    from mailroom.settings_checks import keys_at
+    from mailroom.settings.checks import keys_at
 
     close = difflib.get_close_matches(key, keys_at(Settings, loc), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""

@@ -30,7 +30,7 @@ ERROR_CHARS = 80
 
 
 def _run(settings: Settings, use: Callable[[async_sessionmaker[AsyncSession]], Awaitable[T]]) -> T:
-    from mailroom.db import create_engine, create_sessionmaker
+    from mailroom.db.engine import create_engine, create_sessionmaker
 
     async def main() -> T:
         engine = create_engine(settings.database)

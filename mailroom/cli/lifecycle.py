@@ -28,7 +28,7 @@ def _run(
     use: Callable[[async_sessionmaker[AsyncSession], ObjectStore], Awaitable[T]],
 ) -> T:
     from mailroom.adapters.storage import build_store
-    from mailroom.db import create_engine, create_sessionmaker
+    from mailroom.db.engine import create_engine, create_sessionmaker
 
     async def main() -> T:
         engine = create_engine(settings.database)
@@ -45,7 +45,7 @@ def _run(
 
 
 def _operator(name: str | None) -> str:
-    from mailroom.audit import operator_id
+    from mailroom.db.audit import operator_id
 
     return name or operator_id()
 

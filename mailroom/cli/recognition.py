@@ -24,11 +24,11 @@ from rich.table import Table
 from sqlalchemy import Interval, func, select, text, type_coerce
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from mailroom.audit import OPERATOR, operator_id
-from mailroom.db import create_engine, create_sessionmaker, transaction
+from mailroom.db.audit import OPERATOR, operator_id
+from mailroom.db.engine import create_engine, create_sessionmaker, transaction
+from mailroom.db.models import FILE_STATUSES, JOB_STATUSES, PIPELINES, RecognitionJob, StoredFile
 from mailroom.errors import ReplayRefused
-from mailroom.models import FILE_STATUSES, JOB_STATUSES, PIPELINES, RecognitionJob, StoredFile
-from mailroom.recognition.replay import ReplayedJob, replay_job, replay_jobs_by_status
+from mailroom.recognition.review.replay import ReplayedJob, replay_job, replay_jobs_by_status
 from mailroom.settings import Settings
 
 logger = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """`mailroom recognizer`: run the reference recognition service, or check a live one.
 
 ``check`` plays Mailroom's side against any recognition service (see
-``mailroom.recognition.conformance``): a table of rules with pass/fail, exit 1 on
+``mailroom.recognition.contract.conformance``): a table of rules with pass/fail, exit 1 on
 any failure. It reads no database, only NATS and the object store.
 """
 
@@ -14,7 +14,7 @@ import typer
 
 from mailroom.cli import errors
 from mailroom.errors import NatsUnavailable
-from mailroom.recognition.conformance import CheckRow, CheckTimeouts
+from mailroom.recognition.contract.conformance import CheckRow, CheckTimeouts
 
 if TYPE_CHECKING:
     # rich only for ``check``'s table: the recognizer process never draws one.
@@ -35,8 +35,8 @@ def recognizer(ctx: typer.Context) -> None:
     from mailroom.cli import start_service
 
     import_nats()  # before the recognizer imports nats-py: aiohttp only for a websocket link
-    from mailroom.recognition.pairing import real_mailbox_refusal
-    from mailroom.recognition.reference import run
+    from mailroom.recognizer.pairing import real_mailbox_refusal
+    from mailroom.recognizer.service import run
 
     settings = start_service("recognizer")
     refusal = real_mailbox_refusal(settings)
@@ -68,7 +68,7 @@ def check(
     """
     from mailroom.adapters.storage import build_store
     from mailroom.cli import load_settings
-    from mailroom.recognition.conformance import check_service
+    from mailroom.recognition.contract.conformance import check_service
 
     settings = load_settings("cli")
     if nats_url:

@@ -2,7 +2,7 @@
 
 ``list`` shows NEEDS_CHECK and ERROR files and why; ``show`` one file with its
 document, source object and every attempt; ``accept``, ``correct`` and ``rerun``
-act on it (``mailroom/recognition/review.py``), audit-logged with the operator.
+act on it (``mailroom/recognition/review/actions.py``), audit-logged with the operator.
 """
 
 from __future__ import annotations
@@ -16,11 +16,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from mailroom.audit import operator_id
 from mailroom.cli.recognition import _nudge_publisher, _with_session
+from mailroom.db.audit import operator_id
 from mailroom.errors import ReviewConflict, ReviewRefused
-from mailroom.recognition import review, review_queries
-from mailroom.recognition.review_queries import ReviewFile, ReviewItem
+from mailroom.recognition.review import actions as review
+from mailroom.recognition.review import queries as review_queries
+from mailroom.recognition.review.queries import ReviewFile, ReviewItem
 from mailroom.settings import Settings
 
 app = typer.Typer(no_args_is_help=True, help="Review documents recognition could not finish.")

@@ -18,10 +18,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from mailroom.audit import operator_id
 from mailroom.config_store import admin
 from mailroom.config_store.seed import SeedResult, seed
-from mailroom.db import create_engine, create_sessionmaker, transaction
+from mailroom.db.audit import operator_id
+from mailroom.db.engine import create_engine, create_sessionmaker, transaction
 from mailroom.errors import RuntimeConfigInvalid
 from mailroom.settings import Settings
 

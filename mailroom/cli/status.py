@@ -21,14 +21,26 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from actors.queues import ALL as QUEUES
 from mailroom.adapters.redis_client import CLI_REDIS_ATTEMPTS, async_client
-from mailroom.attention import NEEDS_OPERATOR, STAGES, format_age, needs_operator, oldest_per_stage
 from mailroom.cli.status_links import jetstream_state, object_store_state
-from mailroom.db import create_engine, create_sessionmaker
-from mailroom.db_dsn import psycopg_dsn
+from mailroom.db.dsn import psycopg_dsn
+from mailroom.db.engine import create_engine, create_sessionmaker
+from mailroom.db.models import (
+    ChannelMessage,
+    InboundMail,
+    MailboxCursor,
+    RecognitionJob,
+    StoredFile,
+)
 from mailroom.delivery.status import stream_state
-from mailroom.models import ChannelMessage, InboundMail, MailboxCursor, RecognitionJob, StoredFile
+from mailroom.ops.attention import (
+    NEEDS_OPERATOR,
+    STAGES,
+    format_age,
+    needs_operator,
+    oldest_per_stage,
+)
+from mailroom.recognition.contract.violations import CONTRACT_ERROR_CODES
 from mailroom.recognition.gate import closed_gates, gate_lines
-from mailroom.recognition.violations import CONTRACT_ERROR_CODES
 from mailroom.settings import Settings
 from scheduling.leader import current_leader
 

@@ -7,9 +7,9 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from mailroom.audit import OPERATOR, add_audit_event
 from mailroom.config_store import kinds, rows, secrets
 from mailroom.config_store.secrets import Cipher
+from mailroom.db.audit import OPERATOR, add_audit_event
 from mailroom.errors import RuntimeConfigInvalid
 from mailroom.settings import NotificationRoute, Settings
 

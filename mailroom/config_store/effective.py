@@ -17,8 +17,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionm
 
 from mailroom.config_store import kinds, rows
 from mailroom.config_store.secrets import Cipher
+from mailroom.db.models import RuntimeConfig
 from mailroom.errors import RuntimeConfigInvalid
-from mailroom.models import RuntimeConfig
 from mailroom.settings import (
     DeliverySettings,
     EmailAccount,

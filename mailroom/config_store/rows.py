@@ -14,8 +14,8 @@ from sqlalchemy import func, select, text
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionmaker
 
-from mailroom.db import psycopg_autocommit
-from mailroom.models import RuntimeConfig
+from mailroom.db.engine import psycopg_autocommit
+from mailroom.db.models import RuntimeConfig
 
 _NEXT_VERSION = text("nextval('runtime_config_version_seq')")
 

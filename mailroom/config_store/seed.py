@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 from pydantic import BaseModel
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from mailroom.audit import SYSTEM, add_audit_event
 from mailroom.config_store import rows, secrets
 from mailroom.config_store.effective import env_route_name
 from mailroom.config_store.secrets import Cipher
-from mailroom.db import transaction
+from mailroom.db.audit import SYSTEM, add_audit_event
+from mailroom.db.engine import transaction
 from mailroom.errors import RuntimeConfigInvalid
-from mailroom.identity import host_pid
+from mailroom.process.identity import host_pid
 from mailroom.settings import Settings
 
 logger = logging.getLogger(__name__)

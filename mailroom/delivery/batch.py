@@ -28,7 +28,7 @@ import psycopg
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from mailroom.adapters.redis import AcquireResult, DeliveryRedis
-from mailroom.db import driver_connection
+from mailroom.db.engine import driver_connection
 from mailroom.delivery.coalesce import Coalescer
 from mailroom.delivery.locks import BatchLease
 from mailroom.delivery.statements import CLAIM, STATUSES, SUCCEED, SUCCEED_AND_CLAIM

@@ -36,7 +36,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from mailroom.adapters.redis import DeliveryRedis, describe_holder
 from mailroom.backoff import backoff
-from mailroom.db import transaction
+from mailroom.db.engine import transaction
+from mailroom.db.models import FINAL_MESSAGE_STATUSES
 from mailroom.delivery import metrics
 from mailroom.delivery.batch import Batch, Claim, Found, Lane, Rounds
 from mailroom.delivery.chunks import FAILED, SENT, ChunkPlan
@@ -49,7 +50,6 @@ from mailroom.delivery.statements import (
     stale_recovered_event,
 )
 from mailroom.errors import DeliveryDeferred, LeaseLost, PermanentError, RateLimited, RetryableError
-from mailroom.models import FINAL_MESSAGE_STATUSES
 from mailroom.settings import DeliverySettings
 
 logger = logging.getLogger(__name__)

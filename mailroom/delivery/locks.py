@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from mailroom.errors import LeaseLost
-from mailroom.identity import host_pid
+from mailroom.process.identity import host_pid
 
 logger = logging.getLogger(__name__)
 

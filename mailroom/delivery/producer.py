@@ -17,9 +17,9 @@ from sqlalchemy import and_, or_, select, text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from mailroom.adapters.redis import DeliveryRedis
-from mailroom.clock import db_after
-from mailroom.db import autocommit, transaction
-from mailroom.models import ChannelMessage
+from mailroom.db.clock import db_after
+from mailroom.db.engine import autocommit, transaction
+from mailroom.db.models import ChannelMessage
 from mailroom.settings import DeliverySettings
 
 logger = logging.getLogger(__name__)

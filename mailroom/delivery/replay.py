@@ -14,10 +14,10 @@ from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from mailroom.adapters.redis import DeliveryRedis
-from mailroom.db import transaction
+from mailroom.db.engine import transaction
+from mailroom.db.models import AuditEvent, ChannelMessage
 from mailroom.delivery.producer import enqueue_messages
 from mailroom.errors import NotReplayable
-from mailroom.models import AuditEvent, ChannelMessage
 from mailroom.settings import DeliverySettings
 
 logger = logging.getLogger(__name__)

@@ -18,12 +18,12 @@ from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from mailroom.adapters.redis import DeliveryRedis, translate_errors
-from mailroom.clock import db_after
-from mailroom.db import transaction
+from mailroom.db.clock import db_after
+from mailroom.db.engine import transaction
+from mailroom.db.models import ChannelMessage
 from mailroom.delivery import metrics
 from mailroom.delivery.producer import enqueue_messages
 from mailroom.delivery.statements import UNCERTAIN_ERROR, stale_recovered_event
-from mailroom.models import ChannelMessage
 from mailroom.settings import DeliverySettings
 
 logger = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ from typing import Any, cast
 
 from sqlalchemy import Float, Table, bindparam, func, update
 
-from mailroom.models import AuditEvent, ChannelMessage
+from mailroom.db.models import AuditEvent, ChannelMessage
 
 #: What the message says when a send may or may not have reached the recipient.
 UNCERTAIN_ERROR = "delivery outcome unknown; verify with the recipient before retrying"
@@ -19,7 +19,7 @@ UNCERTAIN_ERROR = "delivery outcome unknown; verify with the recipient before re
 #: Claim many in one statement: count each attempt, mark it sending, return the status before.
 #: It returns the fields of ``mailroom.delivery.batch.Claim`` in their order.
 #: Rows not returned are missing, final, or not due yet. Row locks are taken in id order.
-#: Times are the database's (``mailroom/clock.py``); ``due_slack_s`` lets a retry come early.
+#: Times are the database's (``mailroom/db/clock.py``); ``due_slack_s`` lets a retry come early.
 #: The rows are found by primary key and locked first (a materialized CTE, so no condition
 #: is pushed into it), then checked as locked (their latest version): the plan cannot follow
 #: the statistics. With the conditions on the update's side, a table whose statistics still

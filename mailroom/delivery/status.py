@@ -10,7 +10,7 @@ import redis.exceptions
 from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from mailroom.models import ChannelMessage
+from mailroom.db.models import ChannelMessage
 from mailroom.settings import DeliverySettings
 
 

@@ -6,8 +6,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from mailroom.db.migrate import check, upgrade
 from mailroom.devtools.stack import EmbeddedPostgres
-from mailroom.migrate import check, upgrade
 
 
 def alembic_check() -> None:

@@ -18,14 +18,14 @@ import psycopg
 from rich.console import Console
 from rich.table import Table
 
-from mailroom.db_dsn import psycopg_dsn
+from mailroom.db.dsn import psycopg_dsn
+from mailroom.db.migrate import PROJECT_ROOT, upgrade
 from mailroom.devtools.imap import ImapServer, demo_mailbox
 from mailroom.devtools.seed import sample_mails
 from mailroom.devtools.sinks import SmtpSink, WebhookSink
 from mailroom.devtools.stack import EmbeddedNats, EmbeddedPostgres, EmbeddedRedis, ServerStartError
 from mailroom.devtools.supervisor import Child, Supervisor
-from mailroom.migrate import PROJECT_ROOT, upgrade
-from mailroom.recognition.pairing import ALLOW_REAL_MAILBOXES
+from mailroom.recognizer.pairing import ALLOW_REAL_MAILBOXES
 from mailroom.settings import (
     DEV_IMAP_PORT,
     DEV_SMTP_PORT,

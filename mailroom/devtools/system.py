@@ -18,11 +18,11 @@ from typing import Any
 
 import psycopg
 
+from mailroom.db.migrate import PROJECT_ROOT
 from mailroom.devtools.dev import dev_child, process_specs
 from mailroom.devtools.imap import ImapServer, demo_mailbox
 from mailroom.devtools.sinks import WebhookSink
 from mailroom.devtools.supervisor import Child, Supervisor
-from mailroom.migrate import PROJECT_ROOT
 
 
 class SystemTimeout(AssertionError):

@@ -6,8 +6,8 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from mailroom.audit import SYSTEM, add_audit_event
-from mailroom.identity import host_pid
+from mailroom.db.audit import SYSTEM, add_audit_event
+from mailroom.process.identity import host_pid
 
 CURSOR_BLOCKED = "intake.cursor_blocked"
 UIDVALIDITY_CHANGED = "intake.uidvalidity_changed"

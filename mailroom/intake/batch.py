@@ -33,7 +33,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from mailroom.adapters.imap import FetchedMail, Mailbox
 from mailroom.adapters.storage import ObjectStore
-from mailroom.db import psycopg_autocommit
+from mailroom.db.engine import psycopg_autocommit
 from mailroom.errors import ClaimsExhausted, LeaseLost, MailFailed
 from mailroom.intake.after_ingest import apply_after_ingest
 from mailroom.intake.cursor import Claim, adopt_uidvalidity, count_attempt

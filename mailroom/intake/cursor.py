@@ -40,8 +40,9 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import InstrumentedAttribute
 
 from mailroom.backoff import backoff
-from mailroom.clock import DbClock, db_now
-from mailroom.db import transaction
+from mailroom.db.clock import DbClock, db_now
+from mailroom.db.engine import transaction
+from mailroom.db.models import InboundMail, MailboxCursor
 from mailroom.errors import LeaseLost, describe_error
 from mailroom.intake import audit
 from mailroom.intake.cursor_sql import (
@@ -52,7 +53,6 @@ from mailroom.intake.cursor_sql import (
     FIRST_UIDVALIDITY,
 )
 from mailroom.intake.lease import lease_write
-from mailroom.models import InboundMail, MailboxCursor
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import psycopg
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from mailroom.db import psycopg_autocommit
+from mailroom.db.engine import psycopg_autocommit
 from mailroom.errors import LeaseLost
 from mailroom.intake.cursor_sql import ASYNC_COMMIT
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import psycopg
 
-from mailroom.db import GENERIC_PLANS
+from mailroom.db.engine import GENERIC_PLANS
 
 logger = logging.getLogger(__name__)
 

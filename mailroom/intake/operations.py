@@ -9,11 +9,11 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from mailroom.audit import OPERATOR, operator_id
-from mailroom.db import transaction
+from mailroom.db.audit import OPERATOR, operator_id
+from mailroom.db.engine import transaction
+from mailroom.db.models import MailboxCursor
 from mailroom.errors import CursorBusy, CursorNotFound
 from mailroom.intake import audit
-from mailroom.models import MailboxCursor
 
 
 @dataclass(frozen=True)

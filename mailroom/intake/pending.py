@@ -16,9 +16,9 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import InstrumentedAttribute
 
-from mailroom.clock import DbClock, db_now
+from mailroom.db.clock import DbClock, db_now
+from mailroom.db.models import MailboxCursor
 from mailroom.intake.cursor import lease_transaction
-from mailroom.models import MailboxCursor
 
 
 async def mark_polls_queued(

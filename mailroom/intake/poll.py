@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from mailroom.adapters.imap import MailboxFactory
 from mailroom.adapters.storage import ObjectStore
-from mailroom.clock import DbClock, db_now
+from mailroom.db.clock import DbClock, db_now
 from mailroom.errors import (
     AppError,
     LeaseLost,

@@ -17,11 +17,9 @@ from sqlalchemy import delete, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from mailroom.adapters.storage import ObjectStore
-from mailroom.audit import OPERATOR, add_audit_event
-from mailroom.db import transaction
-from mailroom.errors import MailNotFound, MailOnLegalHold
-from mailroom.lifecycle.objects import DeletionReport, delete_queued_objects, release_objects
-from mailroom.models import (
+from mailroom.db.audit import OPERATOR, add_audit_event
+from mailroom.db.engine import transaction
+from mailroom.db.models import (
     ChannelMessage,
     Document,
     InboundMail,
@@ -29,6 +27,8 @@ from mailroom.models import (
     RecognitionJob,
     StoredFile,
 )
+from mailroom.errors import MailNotFound, MailOnLegalHold
+from mailroom.lifecycle.objects import DeletionReport, delete_queued_objects, release_objects
 
 #: ``action`` of the audit events the operator commands leave.
 ERASE_ACTION = "intake.erase"

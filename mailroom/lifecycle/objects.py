@@ -19,10 +19,10 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from mailroom.adapters.storage import ObjectStore
-from mailroom.clock import db_after
-from mailroom.db import transaction
+from mailroom.db.clock import db_after
+from mailroom.db.engine import transaction
+from mailroom.db.models import InboundMail, ObjectDeletion, RecognitionJob, StoredFile, StoredObject
 from mailroom.errors import AppError
-from mailroom.models import InboundMail, ObjectDeletion, RecognitionJob, StoredFile, StoredObject
 
 logger = logging.getLogger(__name__)
 

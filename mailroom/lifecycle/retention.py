@@ -20,13 +20,11 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import InstrumentedAttribute
 
 from mailroom.adapters.storage import ObjectStore
-from mailroom.audit import SYSTEM, add_audit_event
-from mailroom.clock import db_after
 from mailroom.config_store import effective
-from mailroom.db import transaction
-from mailroom.identity import host_pid
-from mailroom.lifecycle.objects import DeletionReport, delete_queued_objects, release_objects
-from mailroom.models import (
+from mailroom.db.audit import SYSTEM, add_audit_event
+from mailroom.db.clock import db_after
+from mailroom.db.engine import transaction
+from mailroom.db.models import (
     FINAL_FILE_STATUSES,
     FINAL_JOB_STATUSES,
     ChannelMessage,
@@ -35,6 +33,8 @@ from mailroom.models import (
     RecognitionJob,
     StoredFile,
 )
+from mailroom.lifecycle.objects import DeletionReport, delete_queued_objects, release_objects
+from mailroom.process.identity import host_pid
 from mailroom.settings import Settings
 
 logger = logging.getLogger(__name__)

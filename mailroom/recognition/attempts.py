@@ -21,8 +21,8 @@ from contextlib import asynccontextmanager
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from mailroom.db import autocommit
-from mailroom.recognition.sql_params import uuid_array
+from mailroom.db.engine import autocommit
+from mailroom.db.params import uuid_array
 
 logger = logging.getLogger(__name__)
 

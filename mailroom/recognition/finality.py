@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from mailroom.models import FINAL_FILE_STATUSES
+from mailroom.db.models import FINAL_FILE_STATUSES
 
 #: ``status_reason`` and ``error_message`` are cut to this many characters.
 MAX_REASON_CHARS = 2_000

@@ -30,9 +30,9 @@ from prometheus_client import Gauge
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from mailroom.clock import db_now
-from mailroom.models import PIPELINES
-from mailroom.observability import active_sentry
+from mailroom.db.clock import db_now
+from mailroom.db.models import PIPELINES
+from mailroom.process.observability import active_sentry
 from mailroom.recognition.finality import object_metrics_sql, republish_count_sql
 from mailroom.settings import RecognitionSettings
 

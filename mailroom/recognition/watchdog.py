@@ -25,7 +25,7 @@ from datetime import datetime
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from mailroom.clock import db_now
+from mailroom.db.clock import db_now
 from mailroom.recognition.finality import finalize_mails
 
 logger = logging.getLogger(__name__)

@@ -25,7 +25,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from mailroom import settings_checks
+from mailroom.settings import checks as settings_checks
 from mailroom.settings.base import (
     ACK_WINDOW_MARGIN,
     DEV_IMAP_PORT,
@@ -40,6 +40,7 @@ from mailroom.settings.base import (
     StrictModel,
     TlsFiles,
 )
+from mailroom.settings.checks import StrictEnvSource
 from mailroom.settings.delivery import (
     DeliverySettings,
     EmailAccount,
@@ -70,7 +71,6 @@ from mailroom.settings.runtime import (
     SchedulerSettings,
     SentrySettings,
 )
-from mailroom.settings_checks import StrictEnvSource
 
 __all__ = [
     "ACK_WINDOW_MARGIN",
@@ -145,7 +145,7 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # The environment is read strictly: see mailroom/settings_checks.py.
+        # The environment is read strictly: see mailroom/settings/checks.py.
         return init_settings, StrictEnvSource(settings_cls), dotenv_settings, file_secret_settings
 
     @model_validator(mode="after")

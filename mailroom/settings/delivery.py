@@ -14,8 +14,8 @@ from mailroom.settings.base import (
     StrictModel,
     _default_port,
 )
-from mailroom.settings_checks import unknown_placeholders
-from mailroom.settings_oauth import AuthKind, OAuthSettings, check_login
+from mailroom.settings.checks import unknown_placeholders
+from mailroom.settings.oauth import AuthKind, OAuthSettings, check_login
 
 
 class WebhookAccount(StrictModel):

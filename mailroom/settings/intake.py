@@ -13,7 +13,7 @@ from mailroom.settings.base import (
     StrictModel,
     _default_port,
 )
-from mailroom.settings_oauth import AuthKind, OAuthSettings, check_login
+from mailroom.settings.oauth import AuthKind, OAuthSettings, check_login
 
 #: An IMAP flag: a keyword (an atom, RFC 3501) or a system flag such as ``\Flagged``.
 _IMAP_FLAG = re.compile(r"\\?[^\x00-\x20\x7f(){%*\"\\\]]+")

@@ -16,10 +16,10 @@ import psycopg
 import pytest
 from imapclient import IMAPClient
 
+from mailroom.db.migrate import PROJECT_ROOT
 from mailroom.devtools.imap import DEMO_PASSWORD, DEMO_USER
 from mailroom.devtools.seed import build_mail, invoice_csv, sample_mails
 from mailroom.devtools.stack import free_port
-from mailroom.migrate import PROJECT_ROOT
 
 pytestmark = pytest.mark.e2e
 

@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 from mailroom.devtools.supervisor import Child
 from mailroom.devtools.system import System
 
-#: ``python -m mailroom.dramatiq_main actors tests.faults.probe_actors``: the product's actors
+#: ``python -m mailroom.process.dramatiq_main actors tests.faults.probe_actors``: the product's actors
 #: and the probe's hooks in one worker process.
 WORKER_ARGS = [
     sys.executable,
     "-m",
-    "mailroom.dramatiq_main",
+    "mailroom.process.dramatiq_main",
     "actors",
     "tests.faults.probe_actors",
     "--processes",

@@ -27,8 +27,8 @@ import psycopg
 import redis
 
 import actors  # noqa: F401  (builds the real broker from MAILROOM_* settings)
-from actors.retry_policy import RetryPolicy
-from mailroom.db import libpq_dsn
+from actors.middleware.retry_policy import RetryPolicy
+from mailroom.db.engine import libpq_dsn
 
 PROBE_QUEUE = "faults_probe"
 
@@ -63,7 +63,8 @@ def _file_name(sql: str, key: object) -> str:
 
 def _install_hooks() -> None:
     from mailroom.intake import ingest
-    from mailroom.recognition import inbox, mapping
+    from mailroom.recognition.inbox import apply as inbox
+    from mailroom.recognition.mapping import run as mapping
 
     parse_mail = ingest.parse_mail
 

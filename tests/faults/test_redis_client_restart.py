@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from actors.broker import build_broker
+from actors.broker.build import build_broker
 from mailroom.adapters.redis_client import async_client, sync_client
 from mailroom.devtools.stack import EmbeddedRedis
 from mailroom.settings import RedisSettings, Settings

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from mailroom.db import libpq_dsn
-from mailroom.migrate import PROJECT_ROOT
+from mailroom.db.engine import libpq_dsn
+from mailroom.db.migrate import PROJECT_ROOT
 from scheduling.leader import current_leader
 
 pytestmark = pytest.mark.faults

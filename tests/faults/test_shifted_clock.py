@@ -1,7 +1,7 @@
 """One worker's clock is two minutes ahead: it steals no lease and times out no job.
 
 Leases, reply deadlines and retry times are written by one process and compared
-by another; they all come from the database's ``now()`` (``mailroom/clock.py``).
+by another; they all come from the database's ``now()`` (``mailroom/db/clock.py``).
 Here a second worker runs with its wall clock 120 s ahead (``shifted_clock/``),
 beside a worker with the right time. With each process's own clock, the shifted
 worker would take over every lease the other holds (its IDLE wait keeps one

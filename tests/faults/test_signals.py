@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from mailroom.migrate import PROJECT_ROOT
+from mailroom.db.migrate import PROJECT_ROOT
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(300)]
 

@@ -17,7 +17,7 @@ import uuid
 import pytest
 import redis
 
-from mailroom.migrate import PROJECT_ROOT
+from mailroom.db.migrate import PROJECT_ROOT
 
 pytestmark = pytest.mark.faults
 

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
+from mailroom.db.migrate import PROJECT_ROOT
 from mailroom.devtools.stack import free_port
-from mailroom.migrate import PROJECT_ROOT
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(300)]
 

@@ -3,7 +3,7 @@
 Maintenance takes a worker whose last heartbeat is older than the heartbeat
 timeout for dead. With each process's own clock, a process two minutes ahead
 judges every live worker dead and requeues its in-flight messages; on Redis's
-clock (``actors/broker_clock.py``) it does not, and a worker that really stops
+clock (``actors/broker/clock.py``) it does not, and a worker that really stops
 beating is still found dead.
 """
 
@@ -15,8 +15,8 @@ import uuid
 import pytest
 from dramatiq import Message
 
-from actors.broker_clock import RedisClockBroker
-from actors.maintenance import run_redis_maintenance
+from actors.broker.clock import RedisClockBroker
+from actors.middleware.maintenance import run_redis_maintenance
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""Consumers woken by enqueues (``actors/wakeups.py``) on a real Redis.
+"""Consumers woken by enqueues (``actors/broker/wakeups.py``) on a real Redis.
 
 Each consumer here waits a minute when idle, so a test that gets its message
 back within the join timeout was woken, not polled.
@@ -16,7 +16,7 @@ import pytest
 from dramatiq import Message
 from dramatiq.brokers import redis as dramatiq_redis
 
-from actors.wakeups import WakingRedisBroker
+from actors.broker.wakeups import WakingRedisBroker
 
 pytestmark = pytest.mark.integration
 

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
+from mailroom.db.migrate import PROJECT_ROOT
 from mailroom.devtools.stack import EmbeddedPostgres, free_port
-from mailroom.migrate import PROJECT_ROOT
 
 pytestmark = pytest.mark.integration
 

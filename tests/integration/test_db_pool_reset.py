@@ -1,4 +1,4 @@
-"""The pool's reset on return (``mailroom.db._rollback_unless_idle``) on a real Postgres.
+"""The pool's reset on return (``mailroom.db.engine._rollback_unless_idle``) on a real Postgres.
 
 SQLAlchemy's own reset rolls back every returned connection; the engine rolls
 back only one that comes back inside a transaction, which must still happen:
@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from mailroom.db import create_engine, create_sessionmaker
+from mailroom.db.engine import create_engine, create_sessionmaker
 from mailroom.settings import DatabaseSettings
 
 pytestmark = pytest.mark.integration

@@ -13,10 +13,10 @@ from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import CurrentMessage
 from typer.testing import CliRunner
 
-from actors.dead_letters import DeadLetters
-from actors.retry_policy import RetryPolicies, RetryPolicy
+from actors.middleware.dead_letters import DeadLetters
+from actors.middleware.retry_policy import RetryPolicies, RetryPolicy
 from mailroom.cli import app
-from mailroom.db import libpq_dsn
+from mailroom.db.engine import libpq_dsn
 from mailroom.errors import PermanentError, RetryableError
 
 pytestmark = pytest.mark.integration

@@ -7,16 +7,16 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from actors import resources
 from actors.delivery import (
     deliver_channel_message,
     deliver_channel_messages,
     readd_pending_deliveries,
     recover_stale_deliveries,
 )
-from mailroom.audit import operator_id
+from actors.middleware import resources
 from mailroom.cli import app as mailroom_app
 from mailroom.cli.delivery import notify
+from mailroom.db.audit import operator_id
 from mailroom.settings import DatabaseSettings, RedisSettings, Settings, WebhookAccount
 from tests.fixtures.delivery import HttpReply, load_message, make_message
 

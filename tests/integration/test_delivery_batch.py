@@ -260,7 +260,7 @@ async def test_sent_messages_settle_in_postgres_when_redis_fails_after_the_send(
 async def test_a_claim_finds_its_rows_by_primary_key_among_many_open_messages(delivery_sessions):
     from sqlalchemy import text
 
-    from mailroom.db import autocommit
+    from mailroom.db.engine import autocommit
     from mailroom.delivery.statements import CLAIM
 
     async with autocommit(delivery_sessions) as connection:

@@ -8,14 +8,14 @@ import pytest
 from sqlalchemy import select
 
 from mailroom.adapters.redis import DeliveryRedis
-from mailroom.db import transaction
+from mailroom.db.engine import transaction
+from mailroom.db.models import AuditEvent, ChannelMessage
 from mailroom.delivery.contracts import decode_entry
 from mailroom.delivery.producer import create_message, enqueue_messages, readd_pending_messages
 from mailroom.delivery.replay import replay_messages
 from mailroom.delivery.stale import recover_stale_deliveries
 from mailroom.delivery.statements import UNCERTAIN_ERROR
 from mailroom.errors import NotReplayable
-from mailroom.models import AuditEvent, ChannelMessage
 from tests.fixtures.delivery import load_message, make_message
 
 pytestmark = pytest.mark.integration

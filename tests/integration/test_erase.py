@@ -9,9 +9,7 @@ from sqlalchemy import func, select
 from typer.testing import CliRunner
 
 from mailroom.cli import app
-from mailroom.errors import MailOnLegalHold
-from mailroom.lifecycle.erase import ERASE_ACTION, erase_mail, set_legal_hold
-from mailroom.models import (
+from mailroom.db.models import (
     AuditEvent,
     ChannelMessage,
     Document,
@@ -21,6 +19,8 @@ from mailroom.models import (
     StoredFile,
     StoredObject,
 )
+from mailroom.errors import MailOnLegalHold
+from mailroom.lifecycle.erase import ERASE_ACTION, erase_mail, set_legal_hold
 
 pytestmark = pytest.mark.integration
 

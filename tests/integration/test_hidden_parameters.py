@@ -12,7 +12,7 @@ from pydantic import SecretStr
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
-from mailroom.db import create_engine
+from mailroom.db.engine import create_engine
 from mailroom.settings import DatabaseSettings, SentrySettings, Settings
 from tests.sentry_events import capturing_sentry
 

@@ -11,11 +11,15 @@ import psycopg
 import pytest
 from sqlalchemy import text
 
-from mailroom.db import libpq_dsn, psycopg_autocommit
-from mailroom.recognition import attempts, inbox, inbox_attempts, inbox_sql, inbox_write
-from mailroom.recognition.inbox import apply_recognition_messages
-from mailroom.recognition.inbox_messages import InboxMessage
-from mailroom.recognition.sql_params import uuid_array
+from mailroom.db.engine import libpq_dsn, psycopg_autocommit
+from mailroom.db.params import uuid_array
+from mailroom.recognition import attempts
+from mailroom.recognition.inbox import apply as inbox
+from mailroom.recognition.inbox import attempts as inbox_attempts
+from mailroom.recognition.inbox import sql as inbox_sql
+from mailroom.recognition.inbox import write as inbox_write
+from mailroom.recognition.inbox.apply import apply_recognition_messages
+from mailroom.recognition.inbox.messages import InboxMessage
 from tests.fixtures.recognition import at
 
 pytestmark = pytest.mark.integration

@@ -12,10 +12,10 @@ import redis.asyncio as aioredis
 from dramatiq import Message
 
 import actors.intake
-import actors.resources
+import actors.middleware.resources
 from actors.intake import poll_mailbox
 from mailroom.config_store import effective
-from mailroom.recognition import window
+from mailroom.recognition.outbox import window
 from mailroom.settings import (
     DatabaseSettings,
     IntakeSettings,
@@ -38,7 +38,7 @@ def settings(database_url, redis_url, tmp_path, imap_server, imap_folder):
         storage=StorageSettings(kind="filesystem"),
         intake=IntakeSettings(mailboxes=[mailbox]),
     )
-    actors.resources.configure(settings)
+    actors.middleware.resources.configure(settings)
     return settings
 
 

@@ -38,7 +38,7 @@ async def test_thirty_attachments_become_thirty_files_with_a_job_each(intake_env
 async def _key(env, file):
     from sqlalchemy import select
 
-    from mailroom.models import StoredObject
+    from mailroom.db.models import StoredObject
 
     async with env.sessions() as session:
         return await session.scalar(

@@ -9,7 +9,8 @@ import pytest
 from pydantic import SecretStr
 from sqlalchemy import text
 
-from mailroom.adapters.imap import ImapMailbox, MemoryServer
+from mailroom.adapters.imap import ImapMailbox
+from mailroom.adapters.imap.memory import MemoryServer
 from mailroom.adapters.storage import put_concurrently
 from mailroom.devtools.stack import free_port
 from mailroom.errors import StorageUnavailable

@@ -9,9 +9,10 @@ import random
 import pytest
 from sqlalchemy import text
 
-from mailroom.adapters.imap import FetchedMail, ImapMailbox, MemoryServer
-from mailroom.clock import db_now
-from mailroom.notifications import _summaries
+from mailroom.adapters.imap import FetchedMail, ImapMailbox
+from mailroom.adapters.imap.memory import MemoryServer
+from mailroom.db.clock import db_now
+from mailroom.notifications.passes import _summaries
 from mailroom.recognition.finality import finalize_settled_mails
 from mailroom.settings import MailboxSettings
 from tests.fixtures.imap import SERVERS, make_mail, new_folder, on_every_server, server_named

@@ -13,16 +13,11 @@ import pytest
 from imapclient import IMAPClient
 from imapclient.exceptions import LoginError
 
-from mailroom.adapters.imap import (
-    TEMPORARY_LOGIN_CODES,
-    ImapMailbox,
-    MailboxCommandFailed,
-    MailboxLoginRejected,
-    MailboxUnavailable,
-    MemoryServer,
-    _translate_errors,
-)
+from mailroom.adapters.imap import ImapMailbox
+from mailroom.adapters.imap.client import TEMPORARY_LOGIN_CODES, _translate_errors
+from mailroom.adapters.imap.memory import MemoryServer
 from mailroom.devtools.dovecot import DovecotServer
+from mailroom.errors import MailboxCommandFailed, MailboxLoginRejected, MailboxUnavailable
 from tests.fixtures.imap import SERVERS, make_mail, new_folder, on_every_server, server_named
 
 pytestmark = pytest.mark.integration

@@ -13,8 +13,8 @@ from sqlalchemy import select, text, update
 
 from mailroom.adapters.imap import ImapMailbox
 from mailroom.adapters.storage import sha256_hex
+from mailroom.db.models import MailboxCursor
 from mailroom.intake.poll import poll_mailbox
-from mailroom.models import MailboxCursor
 from tests.fixtures.imap import csv_mail, make_mail, on_every_server
 
 pytestmark = pytest.mark.integration

@@ -12,13 +12,13 @@ from dramatiq import Worker
 from sqlalchemy import update
 
 import actors.intake
-import actors.resources
+import actors.middleware.resources
 from actors.intake import poll_mailboxes
-from mailroom.db import psycopg_autocommit
+from mailroom.db.engine import psycopg_autocommit
+from mailroom.db.models import MailboxCursor
 from mailroom.intake import cursor as cursors
 from mailroom.intake.cursor_sql import ASYNC_COMMIT, CLAIM_CURSOR, COUNT_ATTEMPT, FINISH_BATCH
 from mailroom.intake.pending import mark_polls_queued
-from mailroom.models import MailboxCursor
 from mailroom.settings import (
     DatabaseSettings,
     IntakeSettings,
@@ -96,7 +96,7 @@ def settings(database_url, redis_url, tmp_path, imap_server, imap_folder):
         storage=StorageSettings(kind="filesystem"),
         intake=IntakeSettings(mailboxes=mailboxes),
     )
-    actors.resources.configure(settings)
+    actors.middleware.resources.configure(settings)
     return settings
 
 
@@ -143,7 +143,7 @@ async def test_the_lease_bookkeeping_commits_without_a_flush_and_leaves_the_pool
     import psycopg
     from sqlalchemy import event, text
 
-    from mailroom.db import transaction
+    from mailroom.db.engine import transaction
 
     engine = intake_env.sessions.kw["bind"].sync_engine
     sent: list[str] = []

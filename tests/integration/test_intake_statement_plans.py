@@ -12,7 +12,7 @@ import uuid
 import pytest
 from sqlalchemy import text
 
-from mailroom.db import autocommit, psycopg_autocommit
+from mailroom.db.engine import autocommit, psycopg_autocommit
 from mailroom.intake.mail_sql import (
     STORE_MAIL_WITH_ID,
     STORE_MAIL_WITHOUT_ID,

@@ -114,7 +114,7 @@ async def test_without_a_client_certificate_the_server_refuses_the_link(tls_nats
 
 
 async def test_the_reference_recognizer_takes_the_same_login_and_tls(tls_nats, test_ca, tmp_path):
-    from mailroom.recognition.reference import ReferenceRecognizer
+    from mailroom.recognizer.service import ReferenceRecognizer
     from mailroom.settings import Settings
 
     nats_settings = _settings(tls_nats, test_ca, subject_prefix="recognizer-tls.")

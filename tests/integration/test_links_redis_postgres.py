@@ -15,9 +15,9 @@ import pytest
 import redis
 from sqlalchemy import text
 
-from mailroom import db
 from mailroom.adapters.redis_client import async_client, sync_client
 from mailroom.cli.errors import describe
+from mailroom.db import engine as db
 from mailroom.settings import DatabaseSettings, RedisSettings, Settings
 
 pytestmark = pytest.mark.integration
@@ -50,7 +50,7 @@ async def test_the_async_client_logs_in_as_its_acl_user(redis_url, acl_user):
 
 
 def test_the_broker_client_logs_in_as_its_acl_user(redis_url, acl_user):
-    from actors.broker import build_broker
+    from actors.broker.build import build_broker
 
     name, password = acl_user
     settings = Settings(

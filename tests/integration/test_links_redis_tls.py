@@ -65,7 +65,7 @@ def test_without_a_client_certificate_the_server_refuses_the_link(mtls_redis, te
 
 
 def test_the_broker_connects_over_rediss_with_its_client_certificate(mtls_redis, test_ca):
-    from actors.broker import build_broker
+    from actors.broker.build import build_broker
 
     settings = Settings(
         broker={"kind": "redis"},

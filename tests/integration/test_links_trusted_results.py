@@ -8,8 +8,8 @@ from datetime import timedelta
 
 import pytest
 
-from mailroom.recognition.inbox import apply_recognition_messages
-from mailroom.recognition.inbox_messages import InboxMessage
+from mailroom.recognition.inbox.apply import apply_recognition_messages
+from mailroom.recognition.inbox.messages import InboxMessage
 from tests.fixtures.recognition import at
 
 pytestmark = pytest.mark.integration

@@ -10,7 +10,7 @@ from sqlalchemy.exc import DBAPIError
 from mailroom.adapters.storage import build_store
 from mailroom.errors import ServiceUnavailable
 from mailroom.recognition import attempts
-from mailroom.recognition.mapping import map_recognition_result
+from mailroom.recognition.mapping.run import map_recognition_result
 from tests.integration.test_recognition_mapping import T0, Flow, invoice
 
 pytestmark = pytest.mark.integration

@@ -8,7 +8,7 @@ from sqlalchemy.exc import DBAPIError
 from mailroom.adapters.storage import build_store
 from mailroom.errors import ServiceUnavailable
 from mailroom.recognition import attempts
-from mailroom.recognition.mapping import map_recognition_results
+from mailroom.recognition.mapping.run import map_recognition_results
 from tests.integration.test_mapping_attempts import DownStore
 from tests.integration.test_recognition_mapping import T0, Flow, invoice
 

@@ -12,9 +12,14 @@ import psycopg
 import pytest
 from sqlalchemy import create_engine, pool
 
-from mailroom import migrate
+from mailroom.db import migrate
+from mailroom.db.migrate import (
+    DDL_LOCK_TIMEOUT_MS,
+    MIGRATION_LOCK_KEY,
+    PROJECT_ROOT,
+    migration_lock,
+)
 from mailroom.errors import MigrationLockTimeout
-from mailroom.migrate import DDL_LOCK_TIMEOUT_MS, MIGRATION_LOCK_KEY, PROJECT_ROOT, migration_lock
 
 pytestmark = pytest.mark.integration
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from mailroom.migrate import check, upgrade
-from mailroom.models import Base
+from mailroom.db.migrate import check, upgrade
+from mailroom.db.models import Base
 
 pytestmark = pytest.mark.integration
 

@@ -9,8 +9,8 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from mailroom import notifications
-from mailroom.notifications import (
+from mailroom.notifications import passes as notifications
+from mailroom.notifications.passes import (
     PASS_REQUEST_TTL_S,
     notify_final_mails,
     pass_request_key,
@@ -132,7 +132,7 @@ async def test_the_settle_check_reads_the_stored_mails_only_not_the_history(
 ):
     from sqlalchemy import text
 
-    from mailroom.db import autocommit
+    from mailroom.db.engine import autocommit
     from mailroom.recognition.finality import _SETTLED_STORED_MAILS, finalize_settled_mails
 
     # A history of final mails, and a few still stored, with their statistics taken

@@ -6,8 +6,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from mailroom.db import transaction
-from mailroom.notifications import create_notifications
+from mailroom.db.engine import transaction
+from mailroom.notifications.passes import create_notifications
 from mailroom.settings import NotificationRoute
 from tests.integration.test_notifications import _final_mail_with_document
 

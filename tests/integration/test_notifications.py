@@ -8,8 +8,8 @@ from datetime import UTC, datetime
 import pytest
 import redis.asyncio as aioredis
 
-from mailroom.db import transaction
-from mailroom.notifications import create_notifications, notify_final_mails
+from mailroom.db.engine import transaction
+from mailroom.notifications.passes import create_notifications, notify_final_mails
 from mailroom.settings import DeliverySettings, NotificationRoute
 
 pytestmark = pytest.mark.integration

@@ -6,8 +6,8 @@ import pytest
 from sqlalchemy import func, select
 
 from mailroom.adapters.storage import StoredRef
-from mailroom.db import create_engine, create_sessionmaker, transaction
-from mailroom.models import StoredObject
+from mailroom.db.engine import create_engine, create_sessionmaker, transaction
+from mailroom.db.models import StoredObject
 from mailroom.objects import register_object
 from mailroom.settings import DatabaseSettings
 

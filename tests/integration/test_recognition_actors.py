@@ -11,6 +11,7 @@ import nats as nats_py
 import pytest
 
 from actors import queues
+from actors.middleware.retry_policy import RetryPolicy
 from actors.notifications import notify_final_mails
 from actors.recognition import (
     apply_recognition_message,
@@ -20,7 +21,6 @@ from actors.recognition import (
     publish_recognition_requests,
     sweep_unmapped_results,
 )
-from actors.retry_policy import RetryPolicy
 from bridges.nats import NatsBridge
 from mailroom.adapters.nats import NatsClient
 from mailroom.adapters.storage import build_store

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from actors import queues
 from mailroom.cli import app
-from mailroom.models import AuditEvent, RecognitionJob, StoredFile, StoredObject
+from mailroom.db.models import AuditEvent, RecognitionJob, StoredFile, StoredObject
 
 pytestmark = pytest.mark.integration
 

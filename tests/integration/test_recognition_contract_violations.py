@@ -17,8 +17,8 @@ from prometheus_client import REGISTRY
 from pydantic import SecretStr
 
 from mailroom.cli.status import collect_status
-from mailroom.recognition.inbox import apply_recognition_messages
-from mailroom.recognition.inbox_messages import InboxMessage
+from mailroom.recognition.inbox.apply import apply_recognition_messages
+from mailroom.recognition.inbox.messages import InboxMessage
 from mailroom.settings import SentrySettings
 from tests.fixtures.recognition import at
 from tests.sentry_events import capturing_sentry

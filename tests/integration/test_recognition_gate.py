@@ -21,12 +21,12 @@ from actors.recognition import publish_recognition_requests as outbox_actor
 from mailroom.adapters.nats import InMemoryPublisher, NatsClient
 from mailroom.adapters.storage import build_store, content_key
 from mailroom.cli.status import collect_status
-from mailroom.recognition.contracts import RecognitionRequest
+from mailroom.recognition.contract.models import RecognitionRequest
 from mailroom.recognition.gate import check_gate
-from mailroom.recognition.inbox import InboxMessage, apply_recognition_messages
-from mailroom.recognition.outbox import publish_recognition_requests
-from mailroom.recognition.reference import ReferenceRecognizer
+from mailroom.recognition.inbox.apply import InboxMessage, apply_recognition_messages
+from mailroom.recognition.outbox.relay import publish_recognition_requests
 from mailroom.recognition.watchdog import expire_recognition_deadlines
+from mailroom.recognizer.service import ReferenceRecognizer
 from mailroom.settings import SentrySettings
 from tests.fixtures.recognition import at
 from tests.fixtures.recognition import drain_recognition as drain
@@ -260,7 +260,7 @@ async def test_the_ack_clock_reads_an_index_of_the_acked_jobs_only(
 ):
     from sqlalchemy import text
 
-    from mailroom.db import autocommit
+    from mailroom.db.engine import autocommit
     from mailroom.recognition.gate import _CLOCK
     from tests.fixtures.plans import plan_nodes
 

@@ -13,13 +13,13 @@ import pytest
 from sqlalchemy import text
 
 from mailroom.adapters.nats import InMemoryPublisher
-from mailroom.db import create_engine, create_sessionmaker
-from mailroom.recognition.inbox import (
+from mailroom.db.engine import create_engine, create_sessionmaker
+from mailroom.recognition.inbox.apply import (
     InboxMessage,
     apply_recognition_message,
     apply_recognition_messages,
 )
-from mailroom.recognition.outbox import publish_recognition_requests
+from mailroom.recognition.outbox.relay import publish_recognition_requests
 from mailroom.recognition.watchdog import expire_recognition_deadlines
 from mailroom.settings import DatabaseSettings
 from tests.fixtures.recognition import at
@@ -146,7 +146,7 @@ async def test_a_result_that_is_not_utf8_json_is_rejected_and_changes_nothing(
 
 
 async def test_int_array_literals_round_trip(db_sessions):
-    from mailroom.recognition.sql_params import int_array
+    from mailroom.db.params import int_array
 
     values = [1, -2, 2**62, 7]
     async with db_sessions() as session:

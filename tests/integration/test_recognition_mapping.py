@@ -10,8 +10,8 @@ import pytest
 from prometheus_client import REGISTRY
 
 from mailroom.adapters.storage import build_store
-from mailroom.recognition.inbox import apply_recognition_message
-from mailroom.recognition.mapping import find_unmapped_results, map_recognition_result
+from mailroom.recognition.inbox.apply import apply_recognition_message
+from mailroom.recognition.mapping.run import find_unmapped_results, map_recognition_result
 from mailroom.recognition.watchdog import expire_recognition_deadlines
 from tests.fixtures.recognition import at
 

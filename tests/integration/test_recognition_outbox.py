@@ -10,8 +10,8 @@ import pytest
 from sqlalchemy import text
 
 from mailroom.adapters.nats import InMemoryPublisher, NatsClient
-from mailroom.recognition.contracts import MSG_ID_HEADER, RecognitionRequest
-from mailroom.recognition.outbox import publish_recognition_requests
+from mailroom.recognition.contract.models import MSG_ID_HEADER, RecognitionRequest
+from mailroom.recognition.outbox.relay import publish_recognition_requests
 from tests.fixtures.recognition import at
 
 pytestmark = pytest.mark.integration
@@ -342,7 +342,7 @@ async def test_pass_claims_the_oldest_first_in_statements_that_do_not_grow_with_
 async def test_array_parameters_keep_any_text_and_every_uuid(db_sessions):
     import uuid
 
-    from mailroom.recognition.sql_params import text_array, uuid_array
+    from mailroom.db.params import text_array, uuid_array
 
     texts = ["plain", 'a "quoted", {braced} value', "back\\slash", "", "NULL", " spaced "]
     ids = [uuid.uuid4() for _ in range(3)]

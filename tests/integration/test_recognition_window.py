@@ -17,11 +17,11 @@ import redis.asyncio as aioredis
 
 from actors.recognition import apply_recognition_messages, publish_recognition_requests
 from mailroom.adapters.nats import InMemoryPublisher, NatsClient
-from mailroom.recognition import window
-from mailroom.recognition.contracts import MSG_ID_HEADER, ack_msg_id
-from mailroom.recognition.inbox import apply_recognition_messages as apply_messages
-from mailroom.recognition.inbox_messages import InboxMessage
-from mailroom.recognition.outbox import publish_recognition_requests as outbox_pass
+from mailroom.recognition.contract.models import MSG_ID_HEADER, ack_msg_id
+from mailroom.recognition.inbox.apply import apply_recognition_messages as apply_messages
+from mailroom.recognition.inbox.messages import InboxMessage
+from mailroom.recognition.outbox import window
+from mailroom.recognition.outbox.relay import publish_recognition_requests as outbox_pass
 from mailroom.settings import NatsSettings
 from tests.fixtures.recognition import at, drain_recognition, make_settings
 

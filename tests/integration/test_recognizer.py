@@ -16,14 +16,14 @@ from pathlib import Path
 import pytest
 from openpyxl import Workbook
 
-from mailroom.recognition.contracts import (
+from mailroom.recognition.contract.models import (
     RESULT_SCHEMA_VERSION,
     RecognitionResult,
     ack_msg_id,
     result_msg_id,
 )
-from mailroom.recognition.reference import ReferenceRecognizer, result_key, service_version
-from mailroom.recognition.reference_faults import RecognizerFaults
+from mailroom.recognizer.faults import RecognizerFaults
+from mailroom.recognizer.service import ReferenceRecognizer, result_key, service_version
 from mailroom.settings import RecognizerSettings
 
 pytestmark = pytest.mark.integration
@@ -370,7 +370,7 @@ async def test_invalid_request_log_line_carries_no_body(
     nats_settings = recognizer_settings.nats
     secret = b'{"job_id": "x", "original_name": "salary-of-the-ceo.csv"}'
     handler = _Lines()
-    logger = logging.getLogger("mailroom.recognition.reference")
+    logger = logging.getLogger("mailroom.recognizer.service")
     logger.addHandler(handler)
     # Its own level, not the root's: another test in this process may have left the root
     # above WARNING (a full run once caught no line here; alone it always did).

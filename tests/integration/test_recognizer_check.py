@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from mailroom.adapters.storage import build_store
-from mailroom.recognition.conformance import CheckTimeouts, check_service
-from mailroom.recognition.contracts import RecognitionResponse
-from mailroom.recognition.reference import ReferenceRecognizer
-from mailroom.recognition.reference_faults import RecognizerFaults
+from mailroom.recognition.contract.conformance import CheckTimeouts, check_service
+from mailroom.recognition.contract.models import RecognitionResponse
+from mailroom.recognizer.faults import RecognizerFaults
+from mailroom.recognizer.service import ReferenceRecognizer
 
 pytestmark = pytest.mark.integration
 

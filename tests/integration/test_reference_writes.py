@@ -8,7 +8,7 @@ import pytest
 
 from mailroom.adapters.storage import build_store
 from mailroom.errors import StorageUnavailable
-from mailroom.recognition.reference_writes import ResultWrites
+from mailroom.recognizer.writes import ResultWrites
 from mailroom.settings import Settings, StorageSettings
 
 pytestmark = pytest.mark.integration

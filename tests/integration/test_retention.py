@@ -7,13 +7,11 @@ import asyncio
 import pytest
 from sqlalchemy import select, update
 
-import actors.resources
+import actors.middleware.resources
 from actors import queues
 from actors.retention import apply_retention
-from mailroom.db import transaction
-from mailroom.errors import ReplayRefused
-from mailroom.lifecycle.retention import PURGE_ACTION, purge_batch, run_retention_pass
-from mailroom.models import (
+from mailroom.db.engine import transaction
+from mailroom.db.models import (
     AuditEvent,
     Document,
     InboundMail,
@@ -21,7 +19,9 @@ from mailroom.models import (
     RecognitionJob,
     StoredFile,
 )
-from mailroom.recognition.replay import replay_job, replay_jobs_by_status
+from mailroom.errors import ReplayRefused
+from mailroom.lifecycle.retention import PURGE_ACTION, purge_batch, run_retention_pass
+from mailroom.recognition.review.replay import replay_job, replay_jobs_by_status
 from mailroom.settings import Settings
 
 pytestmark = pytest.mark.integration
@@ -137,9 +137,9 @@ async def test_an_object_stored_again_after_it_was_queued_is_kept(lifecycle_worl
 @pytest.fixture
 def retention_resources(lifecycle_world):
     """Actors use these settings (request before ``stub_worker``: it closes what they built)."""
-    actors.resources.configure(lifecycle_world.with_retention(30, deletion_grace_s=0))
+    actors.middleware.resources.configure(lifecycle_world.with_retention(30, deletion_grace_s=0))
     yield lifecycle_world
-    actors.resources.configure(Settings())
+    actors.middleware.resources.configure(Settings())
 
 
 async def test_the_scheduler_s_actor_runs_the_pass_on_a_worker(

@@ -8,15 +8,15 @@ import json
 import pytest
 
 from mailroom.adapters.storage import build_store
-from mailroom.clock import db_now
-from mailroom.db import transaction
+from mailroom.db.clock import db_now
+from mailroom.db.engine import transaction
 from mailroom.document_types import DocumentType
 from mailroom.errors import ReviewConflict, ReviewRefused
-from mailroom.notifications import create_notifications
-from mailroom.recognition.inbox import apply_recognition_message
-from mailroom.recognition.mapping import map_recognition_result
-from mailroom.recognition.review import accept_file, correct_file, rerun_file
-from mailroom.recognition.review_queries import list_review_items, show_review_file
+from mailroom.notifications.passes import create_notifications
+from mailroom.recognition.inbox.apply import apply_recognition_message
+from mailroom.recognition.mapping.run import map_recognition_result
+from mailroom.recognition.review.actions import accept_file, correct_file, rerun_file
+from mailroom.recognition.review.queries import list_review_items, show_review_file
 from mailroom.settings import NotificationRoute
 from tests.fixtures.recognition import make_settings
 

@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 
 from actors import queues
 from mailroom.cli import app
-from mailroom.db import libpq_dsn
-from mailroom.models import (
+from mailroom.db.engine import libpq_dsn
+from mailroom.db.models import (
     AuditEvent,
     Document,
     InboundMail,

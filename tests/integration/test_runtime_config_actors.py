@@ -8,10 +8,10 @@ import pytest
 from cryptography.fernet import Fernet
 from typer.testing import CliRunner
 
-from actors import resources
 from actors.delivery import deliver_channel_messages
+from actors.middleware import resources
 from mailroom.cli import app
-from mailroom.db import create_engine, create_sessionmaker
+from mailroom.db.engine import create_engine, create_sessionmaker
 from mailroom.settings import DatabaseSettings, RedisSettings, RuntimeConfigSettings, Settings
 from tests.fixtures.delivery import load_message, make_message
 

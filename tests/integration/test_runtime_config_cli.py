@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from mailroom.cli import app
 from mailroom.config_store import effective
-from mailroom.db import create_engine, create_sessionmaker, libpq_dsn
+from mailroom.db.engine import create_engine, create_sessionmaker, libpq_dsn
 from mailroom.settings import DatabaseSettings, DeliverySettings, NotificationRoute
 
 pytestmark = pytest.mark.integration

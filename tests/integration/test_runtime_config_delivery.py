@@ -11,7 +11,7 @@ from mailroom.adapters.redis import DeliveryRedis
 from mailroom.config_store import admin
 from mailroom.config_store.effective import RuntimeAccounts
 from mailroom.config_store.secrets import Cipher
-from mailroom.db import transaction
+from mailroom.db.engine import transaction
 from mailroom.delivery.deliver import Deliverer, Outcome
 from mailroom.delivery.locks import LockOwner
 from mailroom.settings import RuntimeConfigSettings, Settings

@@ -9,9 +9,9 @@ import pytest
 from cryptography.fernet import Fernet
 from typer.testing import CliRunner
 
-import actors.resources
+import actors.middleware.resources
 from mailroom.cli import app
-from mailroom.db import libpq_dsn
+from mailroom.db.engine import libpq_dsn
 from mailroom.settings import (
     DatabaseSettings,
     RedisSettings,
@@ -40,7 +40,7 @@ def settings(database_url, redis_url, tmp_path, monkeypatch):
         storage=StorageSettings(kind="filesystem"),
         runtime_config=RuntimeConfigSettings(key=KEY),
     )
-    actors.resources.configure(settings)
+    actors.middleware.resources.configure(settings)
     return settings
 
 

@@ -8,7 +8,7 @@ from cryptography.fernet import Fernet
 from sqlalchemy import event
 
 from mailroom.config_store import effective, rows
-from mailroom.db import transaction
+from mailroom.db.engine import transaction
 from mailroom.settings import DeliverySettings, NotificationRoute
 
 pytestmark = pytest.mark.integration

@@ -8,7 +8,7 @@ import time
 import psycopg
 import pytest
 
-from mailroom.db import libpq_dsn
+from mailroom.db.engine import libpq_dsn
 from mailroom.settings import DatabaseSettings, SchedulerSettings, Settings
 from scheduling import metrics
 from scheduling.leader import LeaderElection, current_leader

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from mailroom.cli import app
-from mailroom.db import libpq_dsn
+from mailroom.db.engine import libpq_dsn
 
 pytestmark = pytest.mark.integration
 

@@ -8,9 +8,9 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from mailroom.db import libpq_dsn
+from mailroom.db.engine import libpq_dsn
 from mailroom.devtools.stack import free_port
-from mailroom.metrics_gauges import WorkStateCollector
+from mailroom.ops.gauges import WorkStateCollector
 from tests.integration.test_status_operators import SEED
 
 pytestmark = pytest.mark.integration

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from mailroom.adapters.nats import NatsClient
 from mailroom.adapters.nats.publisher import OutgoingMessage
 from mailroom.cli import app
-from mailroom.db import libpq_dsn
+from mailroom.db.engine import libpq_dsn
 from mailroom.devtools.stack import free_port
 from mailroom.settings import NatsSettings
 

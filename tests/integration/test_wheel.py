@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mailroom.migrate import PROJECT_ROOT
+from mailroom.db.migrate import PROJECT_ROOT
 
 pytestmark = pytest.mark.integration
 
@@ -33,12 +33,12 @@ def test_the_wheel_carries_alembic_ini_and_every_migration(tmp_path):
         f"mailroom/_alembic/migrations/{f}" for f in files
     }
     assert wanted <= names, sorted(wanted - names)
-    assert "mailroom/migrate.py" in names
+    assert "mailroom/db/migrate.py" in names
     assert not any("__pycache__" in name for name in names)
 
 
 def test_an_installed_layout_finds_the_packaged_migrations(tmp_path, monkeypatch):
-    from mailroom import migrate
+    from mailroom.db import migrate
 
     home = tmp_path / "_alembic"
     (home / "migrations").mkdir(parents=True)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import dramatiq
 import pytest
 
-from actors.transport import send
-from mailroom import actor_names
+from actors.broker.transport import send
+from mailroom import queues as actor_names
 
 
 @pytest.mark.parametrize("target", actor_names.SENT_BY_NAME, ids=lambda target: target.name)

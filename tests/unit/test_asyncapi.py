@@ -9,8 +9,7 @@ import jsonschema
 import pytest
 
 from mailroom.errors import ExtractionError
-from mailroom.recognition import inbox_attempts, mapping, revive
-from mailroom.recognition.asyncapi import (
+from mailroom.recognition.contract.asyncapi import (
     ASYNCAPI_FILE,
     MAILROOM_ERROR_CODES,
     SERVICE_ERROR_CODES,
@@ -19,7 +18,7 @@ from mailroom.recognition.asyncapi import (
     msg_id_pattern,
     render_asyncapi,
 )
-from mailroom.recognition.contracts import (
+from mailroom.recognition.contract.models import (
     CONTRACTS_DIR,
     MSG_ID_HEADER,
     RecognitionRequest,
@@ -29,10 +28,13 @@ from mailroom.recognition.contracts import (
     request_msg_id,
     result_msg_id,
 )
-from mailroom.recognition.reference import TRANSIENT_CODES
+from mailroom.recognition.inbox import attempts as inbox_attempts
+from mailroom.recognition.inbox import revive
+from mailroom.recognition.mapping import run as mapping
+from mailroom.recognizer.service import TRANSIENT_CODES
 from mailroom.settings import NatsSettings
 
-REGENERATE = "uv run python -m mailroom.recognition.contracts --write"
+REGENERATE = "uv run python -m mailroom.recognition.contract.models --write"
 
 
 @pytest.fixture(scope="module")

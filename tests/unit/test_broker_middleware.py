@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 PROBE = """
 import json
-from actors.broker import build_middleware
+from actors.broker.build import build_middleware
 from mailroom.settings import Settings
 from dramatiq.middleware import prometheus
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from actors.broker_outage import ConsumerErrorFilter, OutageReport, describe_redis
+from actors.broker.outage import ConsumerErrorFilter, OutageReport, describe_redis
 
 
 class _Clock:
@@ -16,13 +16,13 @@ class _Clock:
 
 
 def _reports(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "actors.broker_outage"]
+    return [r.getMessage() for r in caplog.records if r.name == "actors.broker.outage"]
 
 
 def test_failures_are_reported_once_per_growing_step(caplog):
     clock = _Clock()
     report = OutageReport("redis://db:6379/0", max_interval_s=30, clock=clock)
-    with caplog.at_level(logging.INFO, logger="actors.broker_outage"):
+    with caplog.at_level(logging.INFO, logger="actors.broker.outage"):
         # Failures every half second for two minutes, from many threads
         while clock.now < 120:
             report.failed("Error 111 connecting to db:6379. Connection refused.")
@@ -40,7 +40,7 @@ def test_failures_are_reported_once_per_growing_step(caplog):
 def test_recovery_is_reported_once_and_restarts_the_steps(caplog):
     clock = _Clock()
     report = OutageReport("redis://db:6379/0", clock=clock)
-    with caplog.at_level(logging.INFO, logger="actors.broker_outage"):
+    with caplog.at_level(logging.INFO, logger="actors.broker.outage"):
         report.recovered()
         report.failed("down")
         report.recovered()

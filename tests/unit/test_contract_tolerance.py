@@ -17,7 +17,7 @@ import pytest
 from pydantic import ValidationError
 
 from mailroom.errors import InvalidMessage
-from mailroom.recognition.contracts import (
+from mailroom.recognition.contract.models import (
     CONTRACTS_DIR,
     SCHEMAS,
     SERVICE_ERROR,
@@ -25,8 +25,8 @@ from mailroom.recognition.contracts import (
     RecognitionRequest,
     RecognitionResult,
 )
-from mailroom.recognition.inbox_messages import parse_response
-from mailroom.recognition.mapping import Unusable, load_result
+from mailroom.recognition.inbox.messages import parse_response
+from mailroom.recognition.mapping.run import Unusable, load_result
 
 JOB_ID = uuid.UUID("12345678-1234-5678-1234-567812345678")
 

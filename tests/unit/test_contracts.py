@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 import pytest
 from pydantic import ValidationError
 
-from mailroom.recognition.contracts import (
+from mailroom.recognition.contract.models import (
     CONTRACTS_DIR,
     SCHEMAS,
     ObjectRef,
@@ -26,7 +26,7 @@ from mailroom.recognition.contracts import (
     write_schemas,
 )
 
-REGENERATE = "uv run python -m mailroom.recognition.contracts --write"
+REGENERATE = "uv run python -m mailroom.recognition.contract.models --write"
 JOB_ID = uuid.UUID("12345678-1234-5678-1234-567812345678")
 
 
@@ -66,7 +66,7 @@ def test_checked_in_schema_matches_the_model(stem):
     path = CONTRACTS_DIR / f"{stem}.schema.json"
     assert path.exists(), f"{path.name} is missing from contracts/; run `{REGENERATE}`"
     assert path.read_text() == render_schema(SCHEMAS[stem]), (
-        f"contracts/{path.name} is out of date with mailroom/recognition/contracts.py; "
+        f"contracts/{path.name} is out of date with mailroom/recognition/contract/models.py; "
         f"run `{REGENERATE}` and commit the result"
     )
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from psycopg.conninfo import conninfo_to_dict
 
-from mailroom.db import database_url, libpq_dsn
-from mailroom.db_dsn import psycopg_dsn
+from mailroom.db.dsn import psycopg_dsn
+from mailroom.db.engine import database_url, libpq_dsn
 from mailroom.settings import DatabaseSettings, TlsFiles
 
 

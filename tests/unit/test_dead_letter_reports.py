@@ -11,9 +11,9 @@ import dramatiq
 import pytest
 from pydantic import SecretStr
 
-from actors.broker import build_broker
-from actors.dead_letters import REASON_OPTION, describe
-from actors.retry_policy import RetryPolicy
+from actors.broker.build import build_broker
+from actors.middleware.dead_letters import REASON_OPTION, describe
+from actors.middleware.retry_policy import RetryPolicy
 from mailroom.cli.dead_letters import REASON_OPTION as CLI_REASON_OPTION
 from mailroom.errors import PermanentError, RetryableError
 from mailroom.settings import BrokerSettings, DatabaseSettings, SentrySettings, Settings

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from prometheus_client.core import Metric
 
-from mailroom.metrics_gauges import METRIC_NAMES, WorkStateCollector
+from mailroom.ops.gauges import METRIC_NAMES, WorkStateCollector
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 #: A metric name in a PromQL expression: ours and Dramatiq's share these prefixes.
@@ -44,7 +44,7 @@ def _series(families: Iterable[Metric]) -> set[str]:
 
 class _FixedState(WorkStateCollector):
     def _read(self) -> tuple[dict[str, int], dict[str, float | None]]:
-        from mailroom.attention import NEEDS_OPERATOR, STAGES
+        from mailroom.ops.attention import NEEDS_OPERATOR, STAGES
 
         return dict.fromkeys(NEEDS_OPERATOR, 0), dict.fromkeys(STAGES, None)
 
@@ -71,9 +71,6 @@ def _dramatiq_series(monkeypatch: pytest.MonkeyPatch) -> set[str]:
 def exported_series(monkeypatch: pytest.MonkeyPatch) -> set[str]:
     # The modules that define the counters of the bridges, the scheduler and the workers.
     import bridges.nats  # noqa: F401
-    import mailroom.delivery.metrics
-    import mailroom.recognition.gate
-    import mailroom.recognition.violations  # noqa: F401
     import scheduling.metrics  # noqa: F401
 
     ours = _series(prometheus_client.REGISTRY.collect())

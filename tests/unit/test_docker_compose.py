@@ -21,7 +21,7 @@ from actors.queues import ALL as QUEUES
 from actors.queues import INTAKE
 from mailroom.cli import app
 from mailroom.settings import Settings
-from mailroom.settings_reference import env_names
+from mailroom.settings.reference import env_names
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -278,8 +278,8 @@ RESERVED_CONNECTIONS = 3
 
 
 def test_postgres_admits_every_connection_the_stack_can_open(settings_of):
-    from actors.resources import pooled
-    from mailroom.db import create_engine
+    from actors.middleware.resources import pooled
+    from mailroom.db.engine import create_engine
 
     services = _services()
     postgres = services[_service_for_image("postgres")]

@@ -10,8 +10,8 @@ import pytest
 from openpyxl import Workbook
 
 from mailroom.errors import EmptyFile, ExtractionError, UnreadableFile, UnsupportedType
-from mailroom.recognition.contracts import ResultField
-from mailroom.recognition.extraction import (
+from mailroom.recognition.contract.models import ResultField
+from mailroom.recognizer.extraction import (
     CLEAN_CONFIDENCE,
     GARBLED_CONFIDENCE,
     extract,

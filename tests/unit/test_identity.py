@@ -6,7 +6,7 @@ import os
 import socket
 
 from mailroom.delivery.locks import LockOwner
-from mailroom.identity import host_pid
+from mailroom.process.identity import host_pid
 
 
 def test_host_pid_names_the_host_and_the_process():

@@ -6,8 +6,7 @@ from typing import Any
 
 import pytest
 
-from mailroom.adapters import imap
-from mailroom.adapters.imap import ImapMailbox
+from mailroom.adapters.imap import ImapMailbox, idle
 from mailroom.settings import MailboxSettings
 
 STILL_HERE = (b"OK", b"Still here")
@@ -46,7 +45,7 @@ class FakeClient:
 
 
 def idle_with(monkeypatch: pytest.MonkeyPatch, client: FakeClient, timeout_s: float) -> bool:
-    monkeypatch.setattr(imap, "_buffered", lambda _client: False)
+    monkeypatch.setattr(idle, "buffered", lambda _client: False)
     mailbox = ImapMailbox(MailboxSettings(name="box", host="imap.test", username="u", password="p"))
     mailbox._client = client  # type: ignore[assignment]
     return mailbox._idle(timeout_s)

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from mailroom.adapters.imap import MemoryServer
+from mailroom.adapters.imap.memory import MemoryServer
 from mailroom.intake.after_ingest import apply_after_ingest, uid_ranges
 from mailroom.settings import MailboxSettings
 

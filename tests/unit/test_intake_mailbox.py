@@ -7,7 +7,9 @@ import imaplib
 import pytest
 from imapclient.exceptions import LoginError
 
-from mailroom.adapters.imap import MemoryServer, _translate_errors, filter_uids_above
+from mailroom.adapters.imap import filter_uids_above
+from mailroom.adapters.imap.client import _translate_errors
+from mailroom.adapters.imap.memory import MemoryServer
 from mailroom.errors import (
     MailboxCommandFailed,
     MailboxLoginRejected,

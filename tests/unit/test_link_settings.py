@@ -12,8 +12,8 @@ from pydantic import ValidationError
 from mailroom.adapters.nats.login import connect_error, connect_options
 from mailroom.adapters.redis_client import async_client, link_options, sync_client
 from mailroom.cli.errors import describe
-from mailroom.db import create_engine, database_url, libpq_dsn
-from mailroom.observability import secret_values
+from mailroom.db.engine import create_engine, database_url, libpq_dsn
+from mailroom.process.observability import secret_values
 from mailroom.settings import (
     DatabaseSettings,
     NatsSettings,
@@ -157,7 +157,7 @@ def test_redis_clients_take_the_acl_login_and_tls_files(pem):
 
 
 async def test_the_async_redis_client_and_the_broker_take_the_same_options(pem):
-    from actors.broker import build_broker
+    from actors.broker.build import build_broker
 
     settings = Settings(
         broker={"kind": "redis"},

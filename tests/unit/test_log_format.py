@@ -16,8 +16,8 @@ from pathlib import Path
 import dramatiq
 import pytest
 
-from actors.log_context import MessageContext
-from mailroom.log_format import JsonLogFormatter, ProcessName
+from actors.middleware.log_context import MessageContext
+from mailroom.process.log_format import JsonLogFormatter, ProcessName
 
 REPO = Path(__file__).resolve().parents[2]
 SENTINEL = "Sentinel-Pa55word-3307"
@@ -136,8 +136,8 @@ def _run_worker(module: str, log: Path) -> str:
 
 
 def test_dramatiq_main_and_worker_processes_log_json(tmp_path):
-    """The Dramatiq CLI through ``mailroom.dramatiq_main``: its main process and its workers."""
-    records = _objects(_run_worker("mailroom.dramatiq_main", tmp_path / "worker.log"))
+    """The Dramatiq CLI through ``mailroom.process.dramatiq_main``: its main process and its workers."""
+    records = _objects(_run_worker("mailroom.process.dramatiq_main", tmp_path / "worker.log"))
     processes = {r["message"]: r["process"] for r in records}
     assert processes["Worker process is ready for action."] == "worker"
     assert processes[f"Dramatiq '{dramatiq.__version__}' is booting up."] == "worker-main"
@@ -158,7 +158,7 @@ class _ParentPipe(io.StringIO):
 
 
 def test_a_worker_process_writes_its_records_to_the_inherited_stderr_itself(monkeypatch):
-    from mailroom import log_format
+    from mailroom.process import log_format
 
     read_end, write_end = os.pipe()
     parent = _ParentPipe()
@@ -183,7 +183,7 @@ def test_a_worker_process_writes_its_records_to_the_inherited_stderr_itself(monk
 
 
 def test_outside_a_worker_process_records_go_to_sys_stderr(monkeypatch):
-    from mailroom import log_format
+    from mailroom.process import log_format
 
     monkeypatch.setattr(log_format, "workers_write_stderr", False)
     parent = _ParentPipe()

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from mailroom.adapters.oauth import TokenProvider, sasl_string
 from mailroom.errors import OAuthTokenRefused, OAuthTokenUnavailable
 from mailroom.settings import EmailAccount, MailboxSettings
-from mailroom.settings_oauth import OAuthSettings
+from mailroom.settings.oauth import OAuthSettings
 
 OAUTH = {
     "token_url": "https://login.example.test/token",

@@ -11,10 +11,10 @@ import pytest
 import sentry_sdk
 from pydantic import SecretStr
 
-from actors.broker import build_broker
-from actors.retry_policy import RetryPolicy
+from actors.broker.build import build_broker
+from actors.middleware.retry_policy import RetryPolicy
 from mailroom.errors import PermanentError, RetryableError
-from mailroom.observability import SecretScrubber, scrub_text, secret_values
+from mailroom.process.observability import SecretScrubber, scrub_text, secret_values
 from mailroom.settings import (
     BrokerSettings,
     DatabaseSettings,

@@ -12,9 +12,9 @@ from pydantic import ValidationError
 from mailroom.adapters.nats import OutgoingMessage, PublishAck
 from mailroom.adapters.nats.publisher import publish_core
 from mailroom.errors import NatsUnavailable
-from mailroom.recognition.contracts import RecognitionRequest, dump, parse_json_object
-from mailroom.recognition.outbox_requests import FIELDS, RequestWriter
-from mailroom.recognition.outbox_sql import ClaimedJob
+from mailroom.recognition.contract.models import RecognitionRequest, dump, parse_json_object
+from mailroom.recognition.outbox.requests import FIELDS, RequestWriter
+from mailroom.recognition.outbox.sql import ClaimedJob
 
 AWKWARD_NAMES = [
     "plain.csv",

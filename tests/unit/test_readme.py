@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import re
 
-from mailroom.settings_reference import README, with_reference
+from mailroom.settings.reference import README, with_reference
 
 
 def test_readme_configuration_reference_is_current():
     readme = README.read_text()
     assert with_reference(readme) == readme, (
         "README configuration reference is stale: "
-        "run `uv run python -m mailroom.settings_reference --write`"
+        "run `uv run python -m mailroom.settings.reference --write`"
     )
 
 

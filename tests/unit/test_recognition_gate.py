@@ -8,9 +8,9 @@ import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
 
-from mailroom.migrate import PROJECT_ROOT
+from mailroom.db.migrate import PROJECT_ROOT
 from mailroom.recognition.gate import gate_lines, silence_reason
-from mailroom.recognition.pairing import real_mailbox_refusal
+from mailroom.recognizer.pairing import real_mailbox_refusal
 from mailroom.settings import Settings
 
 NOW = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)

@@ -12,11 +12,11 @@ from bridges.nats import NatsBridge
 from mailroom.adapters.nats import IncomingMessage, InMemoryPublisher, NatsClient, OutgoingMessage
 from mailroom.adapters.nats.translate import translate_errors
 from mailroom.errors import InvalidMessage, NatsPublishFailed, NatsUnavailable
-from mailroom.recognition.contracts import RecognitionResult
+from mailroom.recognition.contract.models import RecognitionResult
 from mailroom.recognition.finality import short_repr
-from mailroom.recognition.inbox_messages import parse_response
-from mailroom.recognition.mapping import judge
-from mailroom.recognition.outbox import request_subject
+from mailroom.recognition.inbox.messages import parse_response
+from mailroom.recognition.mapping.run import judge
+from mailroom.recognition.outbox.relay import request_subject
 from mailroom.settings import NatsSettings, RecognitionSettings, Settings
 
 

@@ -10,8 +10,8 @@ from pydantic import ValidationError
 
 from mailroom.cli.errors import describe
 from mailroom.document_types import DocumentType
-from mailroom.recognition.contracts import RecognitionResult
-from mailroom.recognition.mapping import judge
+from mailroom.recognition.contract.models import RecognitionResult
+from mailroom.recognition.mapping.run import judge
 from mailroom.settings import RecognitionSettings, Settings
 
 FUND = DocumentType(required=[["investor_name", "customer_id"], "amount"])

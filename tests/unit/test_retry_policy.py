@@ -8,7 +8,7 @@ import time
 import dramatiq
 import pytest
 
-from actors.retry_policy import RetryPolicy
+from actors.middleware.retry_policy import RetryPolicy
 from mailroom.errors import PermanentError, RateLimited, RetryableError
 
 

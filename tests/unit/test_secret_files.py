@@ -9,8 +9,8 @@ from pydantic_settings import SettingsError
 
 from mailroom.cli.errors import EXIT_CONFIG, describe
 from mailroom.errors import SecretFileError
-from mailroom.secret_files import with_secret_files
 from mailroom.settings import Settings
+from mailroom.settings.secret_files import with_secret_files
 
 SECRET = "s3cret-from-a-file"
 DB_URL = f"postgresql+psycopg://mailroom:{SECRET}@db.internal:5432/mailroom"

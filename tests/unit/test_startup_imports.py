@@ -66,7 +66,7 @@ def test_mailroom_worker_runs_dramatiq_in_its_own_process_without_the_operator_c
     # process (no exec: a fresh interpreter imported pydantic and the settings again).
     loaded = _loaded(
         "import sys\n"
-        "import mailroom.dramatiq_main as entry\n"
+        "import mailroom.process.dramatiq_main as entry\n"
         "def main(argv, settings):\n"
         "    return 0 if argv[:1] == ['actors'] and '--queues' in argv else 3\n"
         "entry.main = main\n"
@@ -78,7 +78,9 @@ def test_mailroom_worker_runs_dramatiq_in_its_own_process_without_the_operator_c
         "    assert exc.code == 0, exc.code"
     )
     assert "typer" in loaded
-    assert loaded & _OPERATOR_LIBRARIES == {"dramatiq"}  # mailroom.dramatiq_main's own import
+    assert loaded & _OPERATOR_LIBRARIES == {
+        "dramatiq"
+    }  # mailroom.process.dramatiq_main's own import
 
 
 def test_an_operator_command_is_still_found_and_run():
@@ -125,7 +127,7 @@ def test_nats_websocket_links_import_aiohttp_when_they_connect():
 
 def test_the_worker_main_shares_the_webhook_client_only_with_delivery_workers():
     code = (
-        "from mailroom.dramatiq_main import import_shared_modules\n"
+        "from mailroom.process.dramatiq_main import import_shared_modules\n"
         "import_shared_modules({queues!r})"
     )
     assert "aiohttp" not in _loaded(code.format(queues=["intake"]))
@@ -141,7 +143,7 @@ def test_dramatiq_main_shares_only_inert_modules_with_its_worker_processes():
     # Imported before the fork: nothing may start a thread or register a metric there.
     loaded = _loaded(
         "import threading\n"
-        "from mailroom.dramatiq_main import import_shared_modules\n"
+        "from mailroom.process.dramatiq_main import import_shared_modules\n"
         "import_shared_modules()\n"
         "assert threading.active_count() == 1, threading.enumerate()"
     )
@@ -151,15 +153,15 @@ def test_dramatiq_main_shares_only_inert_modules_with_its_worker_processes():
 
 #: Actor modules, and what only they need: a process that only sends by name loads none.
 _ACTOR_MODULES = {
-    "actors.broker",
-    "actors.resources",
+    "actors.broker.build",
+    "actors.middleware.resources",
     "actors.intake",
     "actors.recognition",
     "actors.notifications",
     "actors.delivery",
     "actors.retention",
     "actors.system",
-    "mailroom.models",
+    "mailroom.db.models",
 }
 
 #: Each sender's ``run`` up to its loop, which is replaced by one that returns at once.
@@ -197,10 +199,10 @@ def test_the_bridges_and_the_scheduler_send_by_name_without_loading_the_actors()
             "import dramatiq\n"
             "assert type(dramatiq.get_broker()).__name__ == 'WakingRedisBroker'"
         )
-        assert "actors.transport" in modules, name
+        assert "actors.broker.transport" in modules, name
         assert modules & _ACTOR_MODULES == set(), name
         assert "aiohttp" not in modules, name
-    # The scheduler connects with psycopg alone (mailroom.db_dsn): no SQLAlchemy.
+    # The scheduler connects with psycopg alone (mailroom.db.dsn): no SQLAlchemy.
     assert "sqlalchemy" not in _loaded(
         f"from mailroom.settings import Settings\nsettings = Settings()\n{_SENDERS['scheduler']}"
     )
@@ -212,7 +214,7 @@ def test_the_recognizer_command_loads_neither_aiohttp_nor_rich():
         "import sys\n"
         "import mailroom.cli as cli\n"
         "def start_service(process):\n"
-        "    import mailroom.recognition.reference\n"
+        "    import mailroom.recognizer.service\n"
         "    sys.exit(0)\n"
         "cli.start_service = start_service\n"
         "try:\n"
@@ -229,12 +231,12 @@ _SERVICES = {
     "bridge nats": ("bridges.nats", "run", ["bridge", "nats"]),
     "bridge stream": ("bridges.stream", "run", ["bridge", "stream"]),
     "scheduler": ("scheduling.runner", "run", ["scheduler"]),
-    "recognizer": ("mailroom.recognition.reference", "run", ["recognizer"]),
+    "recognizer": ("mailroom.recognizer.service", "run", ["recognizer"]),
 }
 
 
 def test_long_running_processes_collect_garbage_rarely():
-    from mailroom import gc_policy
+    from mailroom.process import gc_policy
 
     tuned = f"{(gc_policy.YOUNG_THRESHOLD, *gc_policy.OLDER_THRESHOLDS)}"
     for name, (module, function, argv) in _SERVICES.items():
@@ -247,7 +249,7 @@ def test_long_running_processes_collect_garbage_rarely():
         )
         assert _output(code) == tuned, name
     worker_main = (
-        "import gc, mailroom.dramatiq_main as entry\n"
+        "import gc, mailroom.process.dramatiq_main as entry\n"
         "entry.import_shared_modules = lambda queues: None\n"
         "entry.dramatiq_main = lambda args: print(gc.get_threshold()) or 0\n"
         "entry.main(['actors'])\n"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import signal
 
-from mailroom.stop_signals import StopHandler
+from mailroom.process.stop_signals import StopHandler
 
 
 class _Clock:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
-import actors.resources
-from actors.resources import ResourcesMiddleware, current, pooled
+import actors.middleware.resources
+from actors.middleware.resources import ResourcesMiddleware, current, pooled
 from mailroom.settings import DatabaseSettings, Settings
 
 
@@ -19,9 +19,11 @@ def test_the_pool_keeps_at_least_one_connection_per_actor_running_at_once():
 
 def test_a_booting_worker_sizes_its_resources_pool_by_its_threads(monkeypatch):
     for name in ("_settings", "_current", "_concurrency"):
-        monkeypatch.setattr(actors.resources, name, getattr(actors.resources, name))
+        monkeypatch.setattr(
+            actors.middleware.resources, name, getattr(actors.middleware.resources, name)
+        )
     settings = Settings(database=DatabaseSettings(pool_size=5))
-    actors.resources.configure(settings)
+    actors.middleware.resources.configure(settings)
 
     ResourcesMiddleware(settings).before_worker_boot(None, SimpleNamespace(worker_threads=12))
 

@@ -11,7 +11,7 @@ import nats.errors
 
 from mailroom.adapters.tls import client_context
 from mailroom.errors import NatsUnavailable
-from mailroom.observability import scrub_text
+from mailroom.process.observability import scrub_text
 from mailroom.settings import NatsSettings
 
 

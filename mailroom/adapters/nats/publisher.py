@@ -17,7 +17,7 @@ from nats.js.api import PubAck
 
 from mailroom.adapters.nats.translate import translate_errors
 from mailroom.errors import NatsPublishFailed, PermanentError, RetryableError
-from mailroom.recognition.contracts import MSG_ID_HEADER
+from mailroom.recognition.contract.models import MSG_ID_HEADER
 
 
 # NOTE: named tuples, not frozen dataclasses: an outbox pass makes two per request, and a

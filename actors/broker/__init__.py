@@ -1,0 +1,1 @@
+"""The Dramatiq broker: built from Settings, its transport, clock, outage handling and sending."""

@@ -1,0 +1,1 @@
+"""Dramatiq middleware: retry policy, dead letters, Sentry tags, log context, resources, maintenance."""

@@ -1,0 +1,1 @@
+"""Postgres: the engine, DSNs, the models, migrations, the database clock and the audit trail."""

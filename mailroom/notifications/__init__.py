@@ -1,0 +1,1 @@
+"""Notifications: who is told what, written as channel messages."""

@@ -1,0 +1,1 @@
+"""Operator views: what needs a person, and the gauges that count it."""

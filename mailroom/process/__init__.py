@@ -1,0 +1,1 @@
+"""What every Mailroom process shares: logging, observability, stop signals, identity, GC policy."""

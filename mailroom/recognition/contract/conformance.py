@@ -1,0 +1,413 @@
+"""The conformance check: play Mailroom's side against a live recognition service.
+
+``check_service`` stores a sample file of each pipeline in the object store the
+service reads, publishes requests on the request subjects (core NATS, so a repeat
+is really sent again), watches the results subject without a queue group and
+returns one ``CheckRow`` per rule: ack then result in time, message ids, every
+message and result document against the contract, idempotency, an invalid request
+answered ``INVALID_REQUEST`` and a missing object answered with an error. It
+never touches Mailroom's database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from pydantic import ValidationError
+
+from mailroom.adapters.nats import NatsClient, OutgoingMessage, ResultSubscription
+from mailroom.adapters.storage import ObjectStore, content_key
+from mailroom.errors import AppError
+from mailroom.recognition.contract.models import (
+    MSG_ID_HEADER,
+    ObjectRef,
+    Pipeline,
+    RecognitionRequest,
+    RecognitionResponse,
+    RecognitionResult,
+    dump,
+    parse_json_object,
+    request_msg_id,
+)
+from mailroom.settings import Settings
+
+#: Sample files, by pipeline: what each request asks the service to read.
+SAMPLES: dict[Pipeline, tuple[str, bytes]] = {
+    "tabular": ("csv", b"invoice_number,total\nCHECK-1,1250.50\n"),
+    # A 1x1 PNG: an image service reads it; the reference recognizer finds no fields.
+    "image": (
+        "png",
+        bytes.fromhex(
+            "89504e470d0a1a0a0000000d4948445200000001000000010806000000"
+            "1f15c4890000000d49444154789c63000100000500010d0a2db40000000049454e44ae426082"
+        ),
+    ),
+}
+#: How often the collector looks for new messages, in seconds.
+POLL_S = 0.05
+#: ``{job_id}:{attempt}:ack`` or ``…:result``.
+_MSG_ID = re.compile(r"^(?P<job>[0-9a-f-]{36}):(?P<attempt>[0-9]+):(?P<kind>ack|result)$")
+
+
+@dataclass(frozen=True)
+class CheckTimeouts:
+    """How long the check waits, in seconds."""
+
+    #: From a request to its ack.
+    ack_s: float = 5.0
+    #: From a request to its result; also the request's ``reply_deadline``.
+    result_s: float = 15.0
+
+
+@dataclass(frozen=True)
+class CheckRow:
+    """One rule of the contract and whether the service kept it."""
+
+    name: str
+    passed: bool
+    detail: str
+
+
+@dataclass
+class _Received:
+    at_s: float
+    msg_id: str | None
+    data: bytes
+
+
+@dataclass
+class _Job:
+    request: RecognitionRequest
+    sent_at_s: float = 0.0
+    messages: list[_Received] = field(default_factory=list)
+
+    def responses(self) -> list[tuple[_Received, RecognitionResponse]]:
+        parsed = []
+        for message in self.messages:
+            try:
+                parsed.append((message, RecognitionResponse.model_validate_json(message.data)))
+            except ValidationError:
+                continue
+        return parsed
+
+    def results(self) -> list[tuple[_Received, RecognitionResponse]]:
+        return [(m, r) for m, r in self.responses() if not r.is_ack]
+
+    def acks(self) -> list[tuple[_Received, RecognitionResponse]]:
+        return [(m, r) for m, r in self.responses() if r.is_ack]
+
+
+class _Exchange:
+    """Requests sent by the check and the answers seen for them, by job id."""
+
+    def __init__(self, settings: Settings, client: NatsClient) -> None:
+        self.settings = settings
+        self.client = client
+        self.jobs: dict[str, _Job] = {}
+
+    def request_subject(self, pipeline: str) -> str:
+        s = self.settings.nats
+        return s.subject(s.image_subject if pipeline == "image" else s.tabular_subject)
+
+    async def send(self, job: _Job, data: bytes | None = None) -> None:
+        request = job.request
+        self.jobs.setdefault(str(request.job_id), job)
+        job.sent_at_s = job.sent_at_s or time.monotonic()
+        await self.client.publish(
+            OutgoingMessage(
+                subject=self.request_subject(request.pipeline),
+                data=data if data is not None else dump(request),
+                msg_id=request_msg_id(request.job_id, request.attempt),
+            )
+        )
+
+    def take(self, msg_id: str | None, data: bytes) -> None:
+        job = self.jobs.get(_job_named(msg_id, data) or "")
+        if job is not None:
+            job.messages.append(_Received(time.monotonic(), msg_id, data))
+
+
+async def check_service(
+    settings: Settings,
+    *,
+    store: ObjectStore,
+    timeouts: CheckTimeouts | None = None,
+) -> list[CheckRow]:
+    """Run every check against the service listening on ``settings.nats``."""
+    timeouts = timeouts or CheckTimeouts()
+    # Core NATS: a JetStream publish would drop the repeated request as a duplicate.
+    client = NatsClient(settings.nats.model_copy(update={"jetstream": False}), name="conformance")
+    await client.connect()
+    try:
+        exchange = _Exchange(settings, client)
+        watch = await client.watch(settings.nats.subject(settings.nats.results_subject))
+        collector = asyncio.create_task(_collect(watch, exchange))
+        try:
+            return await _run(exchange, store, timeouts)
+        finally:
+            collector.cancel()
+            await asyncio.gather(collector, return_exceptions=True)
+            await watch.close()
+    finally:
+        await client.close()
+
+
+async def _collect(watch: ResultSubscription, exchange: _Exchange) -> None:
+    while True:
+        for message in await watch.fetch(100, POLL_S * 10):
+            exchange.take(message.headers.get(MSG_ID_HEADER), message.data)
+
+
+async def _run(exchange: _Exchange, store: ObjectStore, timeouts: CheckTimeouts) -> list[CheckRow]:
+    deadline = datetime.now(UTC) + timedelta(seconds=timeouts.result_s)
+    samples: dict[str, _Job] = {}
+    for pipeline, (file_type, data) in SAMPLES.items():
+        key = content_key(data, prefix="conformance", suffix=f".{file_type}")
+        ref = await store.put("incoming", key, data, media_type="application/octet-stream")
+        samples[pipeline] = _Job(
+            _request(pipeline, file_type, ObjectRef(bucket=ref.bucket, key=ref.key), deadline)
+        )
+    missing = _Job(
+        _request(
+            "tabular",
+            "csv",
+            ObjectRef(
+                bucket=store.bucket("incoming"), key=f"conformance/missing/{uuid.uuid4()}.csv"
+            ),
+            deadline,
+        )
+    )
+    invalid = _Job(_request("tabular", "csv", missing.request.s3, deadline))
+    # Breaks the contract (unknown pipeline, no object to read) but names its job.
+    invalid_body = json.loads(dump(invalid.request))
+    invalid_body["pipeline"] = "audio"
+    del invalid_body["s3"]
+
+    for job in samples.values():
+        await exchange.send(job)
+    await exchange.send(missing)
+    await exchange.send(invalid, json.dumps(invalid_body).encode())
+    everyone = [*samples.values(), missing, invalid]
+    await _wait_until(lambda: all(j.results() for j in everyone), timeouts.result_s)
+
+    # Idempotency: the tabular request again, once its first result is in.
+    repeated = samples["tabular"]
+    repeat_sent_at_s: float | None = None
+    if repeated.results():
+        repeat_sent_at_s = time.monotonic()
+        await exchange.send(repeated)
+        await _wait_until(
+            lambda: any(m.at_s > repeat_sent_at_s for m, _ in repeated.results()),
+            timeouts.result_s,
+        )
+
+    rows: list[CheckRow] = []
+    for name, job in samples.items():
+        rows.append(_ack_row(name, job, timeouts))
+        rows.append(_result_row(name, job, timeouts))
+    rows.append(_msg_id_row(everyone))
+    rows.append(_contract_row(everyone))
+    rows.append(await _document_row(list(samples.values()), store, exchange.settings))
+    rows.append(_idempotency_row(repeated, repeat_sent_at_s))
+    rows.append(_invalid_row(invalid))
+    rows.append(_missing_row(missing))
+    return rows
+
+
+def _request(
+    pipeline: Pipeline, file_type: str, ref: ObjectRef, deadline: datetime
+) -> RecognitionRequest:
+    return RecognitionRequest(
+        job_id=uuid.uuid4(),
+        file_id=uuid.uuid4().int % 2**31,
+        pipeline=pipeline,
+        file_type=file_type,
+        original_name=f"conformance-sample.{file_type}",
+        s3=ref,
+        reply_deadline=deadline,
+        attempt=1,
+    )
+
+
+async def _wait_until(done: Callable[[], bool], timeout_s: float) -> None:
+    ends = time.monotonic() + timeout_s
+    while not done() and time.monotonic() < ends:
+        await asyncio.sleep(POLL_S)
+
+
+def _ack_row(pipeline: str, job: _Job, timeouts: CheckTimeouts) -> CheckRow:
+    name = f"ack ({pipeline})"
+    acks, results = job.acks(), job.results()
+    if not acks:
+        return CheckRow(name, False, f"no ack within {timeouts.ack_s:g} s")
+    waited = acks[0][0].at_s - job.sent_at_s
+    if waited > timeouts.ack_s:
+        return CheckRow(name, False, f"ack after {waited:.2f} s (limit {timeouts.ack_s:g} s)")
+    if results and results[0][0].at_s < acks[0][0].at_s:
+        return CheckRow(name, False, "the result came before the ack")
+    return CheckRow(name, True, f"ack after {waited:.2f} s, before the result")
+
+
+def _result_row(pipeline: str, job: _Job, timeouts: CheckTimeouts) -> CheckRow:
+    name = f"result ({pipeline})"
+    results = job.results()
+    if not results:
+        return CheckRow(name, False, f"no result within {timeouts.result_s:g} s")
+    received, response = results[0]
+    waited = received.at_s - job.sent_at_s
+    if response.status == "error":
+        code = response.error.code if response.error else "no code"
+        return CheckRow(name, False, f"the sample was answered error {code}")
+    return CheckRow(name, True, f"{response.status} after {waited:.2f} s")
+
+
+def _msg_id_row(jobs: list[_Job]) -> CheckRow:
+    name = "message ids"
+    count = 0
+    for job in jobs:
+        request = job.request
+        for message in job.messages:
+            count += 1
+            kind = "ack" if _status_of(message.data) == "processing" else "result"
+            expected = f"{request.job_id}:{request.attempt}:{kind}"
+            if message.msg_id != expected:
+                return CheckRow(
+                    name, False, f"Nats-Msg-Id {message.msg_id!r}, expected {expected!r}"
+                )
+    return CheckRow(name, count > 0, f"{count} messages with {{job_id}}:{{attempt}}:ack|result")
+
+
+def _status_of(data: bytes) -> object:
+    try:
+        return parse_json_object(data).get("status")
+    except ValueError:
+        return None
+
+
+def _contract_row(jobs: list[_Job]) -> CheckRow:
+    name = "messages match the contract"
+    count = 0
+    for job in jobs:
+        for message in job.messages:
+            count += 1
+            problem = _response_problem(job.request, message.data)
+            if problem:
+                return CheckRow(name, False, f"{message.msg_id or 'no msg id'}: {problem}")
+    return CheckRow(name, count > 0, f"{count} messages valid (recognition_response.schema.json)")
+
+
+def _response_problem(request: RecognitionRequest, data: bytes) -> str | None:
+    try:
+        response = RecognitionResponse.model_validate(parse_json_object(data))
+    except ValidationError as exc:
+        first = exc.errors(include_url=False, include_input=False)[0]
+        where = ".".join(map(str, first["loc"])) or "message"
+        return f"{where}: {first['msg']}"
+    except ValueError as exc:
+        return f"not a JSON object ({type(exc).__name__})"
+    if response.status in ("done", "needs_check") and response.result_s3 is None:
+        return f"status {response.status} without result_s3"
+    if response.file_id != request.file_id:
+        return f"file_id {response.file_id}, the request's is {request.file_id}"
+    return None
+
+
+async def _document_row(jobs: list[_Job], store: ObjectStore, settings: Settings) -> CheckRow:
+    name = "result documents match the contract"
+    results_bucket = store.bucket("results")
+    checked = 0
+    for job in jobs:
+        for _, response in job.results():
+            ref = response.result_s3
+            if ref is None:
+                continue
+            checked += 1
+            where = f"{ref.bucket}/{ref.key}"
+            if ref.bucket != results_bucket:
+                return CheckRow(name, False, f"{where} is not in the results bucket")
+            try:
+                size = await store.size(ref.bucket, ref.key)
+                if size > settings.recognition.max_result_bytes:
+                    return CheckRow(name, False, f"{where} has {size} bytes, over the limit")
+                document = RecognitionResult.model_validate_json(
+                    await store.get(ref.bucket, ref.key)
+                )
+            except ValidationError as exc:
+                first = exc.errors(include_url=False, include_input=False)[0]
+                return CheckRow(
+                    name, False, f"{where}: {'.'.join(map(str, first['loc']))}: {first['msg']}"
+                )
+            except AppError as exc:
+                return CheckRow(name, False, f"{where} cannot be read: {exc}")
+            if document.job_id != job.request.job_id:
+                return CheckRow(name, False, f"{where} names job {document.job_id}")
+    if not checked:
+        return CheckRow(name, False, "no done / needs_check result named a document")
+    return CheckRow(name, True, f"{checked} documents valid (recognition_result.schema.json)")
+
+
+def _idempotency_row(job: _Job, repeat_sent_at_s: float | None) -> CheckRow:
+    name = "idempotency (same request twice)"
+    results = job.results()
+    if repeat_sent_at_s is None:
+        return CheckRow(name, False, "no result to the first request")
+    if not any(message.at_s > repeat_sent_at_s for message, _ in results):
+        return CheckRow(name, False, "no answer to the repeated request")
+    answers = [_answer_of(response) for _, response in results]
+    for answer in answers[1:]:
+        if answer != answers[0]:
+            return CheckRow(name, False, f"first answer {answers[0]}, then {answer}")
+    return CheckRow(name, True, f"the same answer twice: {answers[0]}")
+
+
+def _answer_of(response: RecognitionResponse) -> str:
+    if response.error is not None:
+        return f"{response.status} {response.error.code}"
+    if response.result_s3 is not None:
+        return f"{response.status} {response.result_s3.bucket}/{response.result_s3.key}"
+    return response.status
+
+
+def _invalid_row(job: _Job) -> CheckRow:
+    name = "invalid request → INVALID_REQUEST"
+    results = job.results()
+    if not results:
+        return CheckRow(name, False, "no answer to a request that breaks the contract")
+    answer = _answer_of(results[0][1])
+    if answer != "error INVALID_REQUEST":
+        return CheckRow(name, False, f"answered {answer}")
+    return CheckRow(name, True, "error INVALID_REQUEST")
+
+
+def _missing_row(job: _Job) -> CheckRow:
+    name = "missing object → error"
+    results = job.results()
+    if not results:
+        return CheckRow(name, False, "silence for a key that does not exist")
+    response = results[0][1]
+    if response.status != "error":
+        return CheckRow(name, False, f"answered {response.status}")
+    return CheckRow(name, True, _answer_of(response))
+
+
+def _job_named(msg_id: str | None, data: bytes) -> str | None:
+    """The job a message is about: from its msg id, else from its body."""
+    if msg_id:
+        match = _MSG_ID.match(msg_id)
+        if match:
+            return match["job"]
+        head = msg_id.split(":", 1)[0]
+        if head:
+            return head
+    try:
+        job_id = parse_json_object(data).get("job_id")
+    except ValueError:
+        return None
+    return str(job_id) if job_id is not None else None

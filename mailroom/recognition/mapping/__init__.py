@@ -1,0 +1,1 @@
+"""Mapping: a recognized file's result turned into a document record."""

@@ -1,0 +1,1 @@
+"""Review: documents that need a person, and what a person does with them."""

@@ -1,0 +1,1 @@
+"""The reference recognition service: a separate program that speaks the recognition contract."""
