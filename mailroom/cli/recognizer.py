@@ -36,7 +36,7 @@ def recognizer(ctx: typer.Context) -> None:
 
     import_nats()  # before the recognizer imports nats-py: aiohttp only for a websocket link
     from mailroom.recognizer.pairing import real_mailbox_refusal
-    from mailroom.recognizer.service import run
+    from mailroom.recognizer.serve import run
 
     settings = start_service("recognizer")
     refusal = real_mailbox_refusal(settings)

@@ -19,7 +19,6 @@ import logging
 import uuid
 from collections import OrderedDict
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any
 
 import nats
 import nats.errors
@@ -39,7 +38,6 @@ from mailroom.errors import (
     RetryableError,
 )
 from mailroom.process.observability import scrub_text
-from mailroom.process.stop_signals import handle_stop_signals
 from mailroom.recognition.contract.models import (
     MSG_ID_HEADER,
     RESULT_SCHEMA_VERSION,
@@ -52,12 +50,12 @@ from mailroom.recognition.contract.models import (
     ServiceInfo,
     ack_msg_id,
     dump,
-    parse_json_object,
     result_msg_id,
 )
 from mailroom.recognizer.extraction import extract
 from mailroom.recognizer.faults import RecognizerFaults
-from mailroom.recognizer.writes import ResultWrites
+from mailroom.recognizer.parsing import named_job, parse_request
+from mailroom.recognizer.writes import ResultWrites, result_key
 from mailroom.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -221,7 +219,7 @@ class ReferenceRecognizer:
         task.add_done_callback(self._tasks.discard)
 
     async def _handle(self, subject: str, data: bytes) -> None:
-        request = _parse_request(subject, data)
+        request = parse_request(subject, data)
         if request is None:
             await self._refuse(data)
             return
@@ -359,7 +357,7 @@ class ReferenceRecognizer:
 
     async def _refuse(self, data: bytes) -> None:
         """Answer ``INVALID_REQUEST`` to a request that breaks the contract but names its job."""
-        named = _named_job(data)
+        named = named_job(data)
         if named is None or self.faults.drop_results:
             return
         job_id, file_id, attempt = named
@@ -441,77 +439,3 @@ class ReferenceRecognizer:
 def _retrieved(future: asyncio.Future[None]) -> None:
     if not future.cancelled():
         future.exception()
-
-
-def result_key(job_id: uuid.UUID, attempt: int) -> str:
-    """Where the result of one attempt lives in the results bucket.
-
-    One folder for all (no folder per job): on a filesystem store each new folder is one
-    more entry to create and sync before the result counts as stored.
-    """
-    return f"results/{job_id}.{attempt}.json"
-
-
-def _parse_request(subject: str, data: bytes) -> RecognitionRequest | None:
-    """The request, or ``None`` (logged without the body) when it is not the contract."""
-    body: dict[str, Any] = {}
-    try:
-        body = parse_json_object(data)
-        return RecognitionRequest.model_validate(body)
-    except ValueError as exc:  # pydantic's ValidationError is a ValueError too
-        logger.warning(
-            "recognizer: invalid request dropped on %s (%d bytes, job %r): %s",
-            subject,
-            len(data),
-            str(body.get("job_id"))[:64],
-            type(exc).__name__,
-        )
-        return None
-
-
-def _named_job(data: bytes) -> tuple[uuid.UUID, int, int] | None:
-    """Job id, file id and attempt of a request, when it names them validly."""
-    try:
-        body = parse_json_object(data)
-        job_id = uuid.UUID(str(body.get("job_id")))
-    except ValueError:
-        return None
-    file_id, attempt = body.get("file_id"), body.get("attempt")
-    if type(file_id) is not int or type(attempt) is not int or attempt < 1:
-        return None
-    return job_id, file_id, attempt
-
-
-def run(settings: Settings) -> int:
-    """Serve until SIGTERM/SIGINT, then drain and return 0 (1 if NATS went away)."""
-    from mailroom.process.observability import start_metrics_server
-
-    try:
-        faults = RecognizerFaults.from_settings(settings.recognizer)
-    except ValueError as exc:
-        logger.error("recognizer: %s", exc)
-        return 2
-    # Like the bridges: the endpoint is what a container healthcheck asks.
-    start_metrics_server(settings)
-    return asyncio.run(_serve(settings, faults))
-
-
-async def _serve(settings: Settings, faults: RecognizerFaults) -> int:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    handle_stop_signals(lambda *_: loop.call_soon_threadsafe(stop.set))
-    recognizer = ReferenceRecognizer(settings, faults=faults)
-    try:
-        await recognizer.start()
-    except (OSError, TimeoutError, nats.errors.Error) as exc:
-        logger.error("recognizer: cannot connect to NATS: %s: %.200s", type(exc).__name__, exc)
-        await recognizer.stop()
-        return 1
-    stopped = asyncio.create_task(stop.wait())
-    lost = asyncio.create_task(recognizer.connection_lost.wait())
-    await asyncio.wait({stopped, lost}, return_when=asyncio.FIRST_COMPLETED)
-    for task in (stopped, lost):
-        task.cancel()
-    logger.info("recognizer: stopping")
-    await recognizer.stop()
-    return 1 if recognizer.connection_lost.is_set() else 0

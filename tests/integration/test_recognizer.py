@@ -23,7 +23,8 @@ from mailroom.recognition.contract.models import (
     result_msg_id,
 )
 from mailroom.recognizer.faults import RecognizerFaults
-from mailroom.recognizer.service import ReferenceRecognizer, result_key, service_version
+from mailroom.recognizer.service import ReferenceRecognizer, service_version
+from mailroom.recognizer.writes import result_key
 from mailroom.settings import RecognizerSettings
 
 pytestmark = pytest.mark.integration
@@ -370,7 +371,7 @@ async def test_invalid_request_log_line_carries_no_body(
     nats_settings = recognizer_settings.nats
     secret = b'{"job_id": "x", "original_name": "salary-of-the-ceo.csv"}'
     handler = _Lines()
-    logger = logging.getLogger("mailroom.recognizer.service")
+    logger = logging.getLogger("mailroom.recognizer.parsing")
     logger.addHandler(handler)
     # Its own level, not the root's: another test in this process may have left the root
     # above WARNING (a full run once caught no line here; alone it always did).

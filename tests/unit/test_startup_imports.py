@@ -214,7 +214,7 @@ def test_the_recognizer_command_loads_neither_aiohttp_nor_rich():
         "import sys\n"
         "import mailroom.cli as cli\n"
         "def start_service(process):\n"
-        "    import mailroom.recognizer.service\n"
+        "    import mailroom.recognizer.serve\n"
         "    sys.exit(0)\n"
         "cli.start_service = start_service\n"
         "try:\n"
@@ -231,7 +231,7 @@ _SERVICES = {
     "bridge nats": ("bridges.nats", "run", ["bridge", "nats"]),
     "bridge stream": ("bridges.stream", "run", ["bridge", "stream"]),
     "scheduler": ("scheduling.runner", "run", ["scheduler"]),
-    "recognizer": ("mailroom.recognizer.service", "run", ["recognizer"]),
+    "recognizer": ("mailroom.recognizer.serve", "run", ["recognizer"]),
 }
 
 
