@@ -2,38 +2,47 @@
 
 Adapters translate vendor exceptions into these at the boundary and keep the
 cause (``raise X(...) from exc``); pipelines and actors only ever see these.
+Retryable: the same call may succeed later, so actors retry it and commands
+may wait for it. Permanent: it cannot, until someone changes something.
 
     AppError
     ├── RetryableError
     │   ├── RateLimited
+    │   │   └── Throttled                        (our own rate limit of a channel account)
     │   ├── ServiceUnavailable                   (Redis; the base of every *Unavailable)
     │   │   ├── MailboxUnavailable               (IMAP)
     │   │   ├── NatsUnavailable
     │   │   ├── StorageUnavailable               (object store)
-    │   │   └── ChannelUnavailable               (delivery channel provider)
+    │   │   ├── ChannelUnavailable               (delivery channel provider)
+    │   │   └── OAuthTokenUnavailable            (OAuth 2.0 token endpoint)
     │   ├── MailboxCommandFailed
     │   ├── NatsPublishFailed
     │   ├── LeaseLost
     │   ├── MigrationLockTimeout
-    │   └── DeliveryDeferred
+    │   ├── DeliveryDeferred
+    │   ├── CursorBusy                           (a poll holds the mailbox cursor)
+    │   └── ReviewConflict                       (the file row is locked by another change)
     ├── PermanentError
     │   ├── InvalidPayload
     │   ├── MailboxLoginRejected
+    │   ├── OAuthTokenRefused
     │   ├── NatsConfigError
     │   ├── ObjectNotFound
     │   ├── InvalidKey
     │   ├── UnknownChannel
     │   ├── UnknownAccount
+    │   ├── AccountUnusable                      (disabled, or its stored config unreadable)
+    │   ├── RuntimeConfigInvalid                 (a mailbox, account or route row)
     │   ├── ChannelRejected
     │   ├── WebhookTargetRefused                 (URL off the outbound allow-list)
     │   ├── UnsafeHeaderValue                    (CR/LF or a control in a header)
     │   ├── UnknownMailbox
     │   ├── CursorNotFound
-    │   ├── CursorBusy
     │   ├── ReplayRefused                        (recognition job)
-    │   ├── ReviewRefused, ReviewConflict        (mailroom review)
+    │   ├── ReviewRefused                        (mailroom review)
     │   ├── NotReplayable                        (channel message)
-    │   ├── MailNotFound, MailOnLegalHold        (intake erase, hold, release)
+    │   ├── MailNotFound                         (intake erase, hold, release)
+    │   ├── MailOnLegalHold
     │   ├── InvalidMessage                       (recognition answer off the contract)
     │   └── ExtractionError
     │       ├── UnreadableFile
@@ -46,11 +55,22 @@ cause (``raise X(...) from exc``); pipelines and actors only ever see these.
     ├── UnknownSettingError
     ├── InvalidJsonSettingError
     └── SecretFileError
+
+    ValueError
+    └── WebhookVerificationError                 (defined in mailroom.webhooks, re-exported)
+
+``WebhookVerificationError`` lives in ``mailroom.webhooks`` because a webhook
+receiver imports that module alone (the standard library only). The tooling's own
+errors (``mailroom.devtools``) are not the product's and stay out of the tree.
+``tests/unit/test_error_tree.py`` checks this drawing against the classes.
 """
 
 from __future__ import annotations
 
 from pydantic_settings import SettingsError
+
+# Re-exported: defined beside ``verify`` for receivers that import that module alone.
+from mailroom.webhooks import WebhookVerificationError as WebhookVerificationError
 
 #: Longest error text kept on a cursor or mail row, in characters.
 MAX_ERROR_CHARS = 2000
@@ -96,6 +116,13 @@ class RateLimited(RetryableError):
     @property
     def retry_after_ms(self) -> int:
         return max(0, int(self.retry_after_s * 1000))
+
+
+class Throttled(RateLimited):
+    """Our own rate limit for this channel account is used up for now."""
+
+    #: Nothing reached the provider, so the delivery attempt is refunded.
+    counts_as_attempt = False
 
 
 class ServiceUnavailable(RetryableError):
@@ -146,6 +173,14 @@ class DeliveryDeferred(RetryableError):
         super().__init__(message)
         #: When to run again, read by the retry-policy middleware, in milliseconds.
         self.retry_after_ms = retry_after_ms
+
+
+class CursorBusy(RetryableError):
+    """A poll holds the cursor's lease right now; try again when it is done."""
+
+
+class ReviewConflict(RetryableError):
+    """Another operator (or the pipeline) is changing this file right now; look again."""
 
 
 # --- Permanent ---------------------------------------------------------------------------
@@ -211,20 +246,12 @@ class CursorNotFound(PermanentError):
     """No cursor matches that mailbox (and folder)."""
 
 
-class CursorBusy(PermanentError):
-    """A poll holds the cursor's lease right now; try again when it is done."""
-
-
 class ReplayRefused(PermanentError):
     """This recognition job cannot be replayed."""
 
 
 class ReviewRefused(PermanentError):
     """This file cannot be reviewed (not NEEDS_CHECK or ERROR, or nothing to accept)."""
-
-
-class ReviewConflict(PermanentError):
-    """Another operator (or the pipeline) is changing this file right now; look again."""
 
 
 class NotReplayable(PermanentError):

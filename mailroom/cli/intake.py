@@ -15,7 +15,7 @@ from rich.table import Table
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from mailroom.cli import lifecycle
-from mailroom.errors import PermanentError
+from mailroom.errors import AppError, CursorBusy, PermanentError
 from mailroom.settings import Settings
 
 if TYPE_CHECKING:
@@ -96,7 +96,7 @@ def status() -> None:
     console.print("until: the poll's lease (processing) or the next try (failed)", style="dim")
 
 
-def _fail(exc: PermanentError) -> None:
+def _fail(exc: AppError) -> None:
     Console(stderr=True).print(f"[red]error:[/red] {escape(str(exc))}")
     raise typer.Exit(1)
 
@@ -117,8 +117,6 @@ def _when_idle(
     change: Callable[[async_sessionmaker[AsyncSession]], Awaitable[CursorView]],
 ) -> CursorView:
     """Apply ``change`` to the cursor; while a poll holds it, wait for the batch to end."""
-    from mailroom.errors import CursorBusy
-
     budget_s = settings.intake.lease_s if wait_s is None else wait_s
 
     async def use(sessions: async_sessionmaker[AsyncSession]) -> CursorView:
@@ -157,7 +155,8 @@ def unblock(
         view = _when_idle(
             settings, mailbox, wait_s, lambda s: unblock_mailbox(s, mailbox, folder=folder)
         )
-    except PermanentError as exc:
+    # A poll still holding the mailbox after the wait is told like a refusal: one line.
+    except (PermanentError, CursorBusy) as exc:
         _fail(exc)
         return
     typer.echo(f"unblocked {view.mailbox}/{view.folder}: next poll reads above UID {view.last_uid}")
@@ -181,7 +180,7 @@ def reset(
             wait_s,
             lambda s: reset_mailbox(s, mailbox, uid=uid, folder=folder),
         )
-    except PermanentError as exc:
+    except (PermanentError, CursorBusy) as exc:
         _fail(exc)
         return
     typer.echo(f"reset {view.mailbox}/{view.folder}: next poll reads above UID {view.last_uid}")

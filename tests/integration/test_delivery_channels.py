@@ -11,7 +11,6 @@ from email import policy
 import pytest
 
 from mailroom.adapters.channels import ChannelOutbound
-from mailroom.adapters.channels.middleware import Throttled
 from mailroom.adapters.redis import DeliveryRedis
 from mailroom.delivery.deliver import Deliverer, Outcome
 from mailroom.delivery.locks import LockOwner
@@ -22,6 +21,7 @@ from mailroom.errors import (
     ChannelUnavailable,
     DeliveryDeferred,
     RateLimited,
+    Throttled,
     UnknownAccount,
     UnknownChannel,
 )

@@ -264,7 +264,7 @@ async def test_second_operator_at_once_gets_a_conflict_not_a_lost_update(
                 )
 
     # Acting later on what he saw before, Bob learns who reviewed it; nothing is overwritten.
-    with pytest.raises(ReviewConflict, match="reviewed meanwhile by alice"):
+    with pytest.raises(ReviewRefused, match="reviewed meanwhile by alice"):
         async with transaction(db_sessions) as bob:
             await accept_file(bob, file_id, operator="bob", settings=settings.recognition)
     manual = await recognition_factory.rows(

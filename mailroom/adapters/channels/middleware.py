@@ -12,7 +12,7 @@ from typing import Protocol
 
 from mailroom.adapters.redis import DeliveryRedis
 from mailroom.delivery.ports import Envelope, Send
-from mailroom.errors import RateLimited
+from mailroom.errors import Throttled
 from mailroom.settings import DeliverySettings
 
 
@@ -24,13 +24,6 @@ class OutboundMiddleware(Protocol):
 MiddlewareFactory = Callable[
     [str, str, DeliverySettings, DeliveryRedis | None], OutboundMiddleware | None
 ]
-
-
-class Throttled(RateLimited):
-    """Our own rate limit for this channel account is used up for now."""
-
-    #: Nothing reached the provider, so the delivery attempt is refunded.
-    counts_as_attempt = False
 
 
 class RateLimit:

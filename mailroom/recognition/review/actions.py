@@ -9,9 +9,10 @@ final state (the dedupe key carries ``finalized_at``). Every action is one
 audit event.
 
 Two operators on one file: the file row is locked with NOWAIT, so the second
-gets ``ReviewConflict`` at once instead of waiting; one who acts on what they
-saw before another's review finds the file no longer NEEDS_CHECK or ERROR and
-gets ``ReviewConflict`` naming who reviewed it. Nothing is overwritten.
+gets ``ReviewConflict`` at once instead of waiting (retryable: the lock is
+released when the other change commits); one who acts on what they saw before
+another's review finds the file no longer NEEDS_CHECK or ERROR and gets
+``ReviewRefused`` naming who reviewed it. Nothing is overwritten.
 """
 
 from __future__ import annotations
@@ -225,7 +226,7 @@ async def _lock_reviewable(session: AsyncSession, file_id: int) -> Any:
     if row.status in REVIEWABLE:
         return row
     if row.kind == "manual":
-        raise ReviewConflict(
+        raise ReviewRefused(
             f"file {file_id} was reviewed meanwhile by {row.operator_id} at "
             f"{row.finished_at:%Y-%m-%d %H:%M:%S} UTC; it is {row.status} now"
         )
