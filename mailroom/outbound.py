@@ -87,18 +87,19 @@ def check_url(url: str, allow: AllowList) -> str:
         raise WebhookTargetRefused(f"webhook URL {url[:80]!r} is not an http(s) URL with a host")
     if parts.scheme == "http" and not allow.allow_http:
         raise WebhookTargetRefused(
-            f"webhook URL {url[:80]!r} is plain http; use https or set delivery.webhook_allow_http"
+            f"webhook URL {url[:80]!r} is plain http; "
+            "use https or set MAILROOM_DELIVERY__WEBHOOK_ALLOW_HTTP"
         )
     host = parts.hostname
     address = literal_address(host)
     if address is not None:
         if not allow.lists_address(address):
             raise WebhookTargetRefused(
-                f"webhook address {address} is not in delivery.webhook_allowed_hosts"
+                f"webhook address {address} is not in MAILROOM_DELIVERY__WEBHOOK_ALLOWED_HOSTS"
             )
     elif not allow.lists_name(host):
         raise WebhookTargetRefused(
-            f"webhook host {host!r} is not in delivery.webhook_allowed_hosts"
+            f"webhook host {host!r} is not in MAILROOM_DELIVERY__WEBHOOK_ALLOWED_HOSTS"
         )
     return host
 
@@ -116,7 +117,7 @@ def check_addresses(host: str, addresses: Iterable[Address], allow: AllowList) -
         if not public and not allow.lists_address(address):
             raise WebhookTargetRefused(
                 f"webhook host {host!r} resolves to {address}, which is not a public address; "
-                "list it in delivery.webhook_allowed_hosts to allow it"
+                "list it in MAILROOM_DELIVERY__WEBHOOK_ALLOWED_HOSTS to allow it"
             )
 
 

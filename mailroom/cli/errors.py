@@ -90,28 +90,53 @@ def _is_settings_error(exc: ValidationError) -> bool:
 
 
 def _validation_lines(exc: ValidationError) -> list[str]:
-    from mailroom.settings import Settings, variable_for
+    from mailroom.settings import Settings
 
     errors = exc.errors(include_url=False, include_input=False)
     # A misspelt key also makes the key it was meant to be "missing": name the typo alone.
     typos = [error for error in errors if error["type"] == "extra_forbidden"]
     shown = typos or errors
+    whole = exc.title == Settings.__name__
     lines = []
     for error in shown[:MAX_SHOWN]:
         loc = error["loc"]
-        variable = variable_for(loc) if exc.title == Settings.__name__ else None
-        where = ".".join(map(str, loc)) or "settings"
         if error["type"] == "extra_forbidden":
             path, key = ".".join(map(str, loc[:-1])), str(loc[-1])
             message = f"unknown key {key!r}" + (f" in {path}" if path else "")
             message += _did_you_mean(key, loc[:-1])
+            variable = _variable(loc) if whole else None
         else:
-            message = f"{where}: {error['msg'].removeprefix('Value error, ')}"
-        prefix = f"{variable}: " if variable else ""
+            text = error["msg"].removeprefix("Value error, ")
+            variable = _variable(_location(loc, text)) if whole else None
+            text = _with_variables(text) if whole else text
+            message = f"{'.'.join(map(str, loc))}: {text}" if loc else text
+        prefix = f"{variable}: " if variable and variable not in message else ""
         lines.append(f"mailroom: configuration error: {prefix}{message}")
     if len(shown) > MAX_SHOWN:
         lines.append(f"mailroom: … and {len(shown) - MAX_SHOWN} more configuration errors")
     return lines
+
+
+def _variable(loc: tuple[int | str, ...]) -> str | None:
+    """The variable that supplied the value at ``loc``, or the one to set (none for the root)."""
+    from mailroom.settings import variable_for
+    from mailroom.settings.checks import variable_named
+
+    return variable_for(loc) or (variable_named(loc) if loc else None)
+
+
+def _location(loc: tuple[int | str, ...], message: str) -> tuple[int | str, ...]:
+    from mailroom.settings import Settings
+    from mailroom.settings.checks import location_of
+
+    return location_of(Settings, loc, message)
+
+
+def _with_variables(message: str) -> str:
+    from mailroom.settings import Settings
+    from mailroom.settings.checks import with_variables
+
+    return with_variables(Settings, message)
 
 
 def _did_you_mean(key: str, loc: tuple[int | str, ...]) -> str:

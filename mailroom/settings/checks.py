@@ -12,17 +12,18 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 import string
 import types
 import typing
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel
 from pydantic_settings import EnvSettingsSource
 
 from mailroom.errors import InvalidJsonSettingError, UnknownSettingError
-from mailroom.settings.secret_files import with_secret_files
+from mailroom.settings.secret_files import FILE_SUFFIX, with_secret_files
 
 PREFIX = "MAILROOM_"
 DELIMITER = "__"
@@ -109,17 +110,39 @@ def _item_keys(annotation: Any) -> list[str]:
 
 
 def _hint(fields: Mapping[str, Any], path: list[str], depth: int) -> str:
-    """A likely meaning of ``path[depth]``: a close field name, or a key of the group's items."""
+    """A likely meaning of ``path[depth:]``: a key of the group's items, or a close variable.
+
+    The rest of the name is compared whole with every variable below the group, so a
+    single underscore where ``__`` nests (``DATABASE_URL``) and a ``_FILE`` suffix are
+    kept in the suggestion instead of being cut off.
+    """
     part = path[depth]
-    close = difflib.get_close_matches(part, list(fields), n=1)
-    if close:
-        fixed = [*path[:depth], close[0], *path[depth + 1 :]]
-        return f" (did you mean {PREFIX}{DELIMITER.join(fixed).upper()}?)"
     for field, info in fields.items():
         if part in _item_keys(info.annotation):
             variable = PREFIX + DELIMITER.join([*path[:depth], field]).upper()
             return f" ({part!r} is a key of each item of {variable})"
-    return ""
+    rest = DELIMITER.join(path[depth:])
+    names = [DELIMITER.join(names) for names in _variable_paths(fields)]
+    if rest.endswith(FILE_SUFFIX.lower()):
+        names += [name + FILE_SUFFIX.lower() for name in names]
+    squeezed = {re.sub("_+", "_", name): name for name in names}
+    close = squeezed.get(re.sub("_+", "_", rest)) or next(
+        iter(difflib.get_close_matches(rest, names, n=1)), None
+    )
+    if close is None:
+        return ""
+    return f" (did you mean {PREFIX}{DELIMITER.join([*path[:depth], close]).upper()}?)"
+
+
+def _variable_paths(fields: Mapping[str, Any]) -> Iterator[list[str]]:
+    """The key paths of the settings below ``fields`` that take one value (or one JSON value)."""
+    for name, info in fields.items():
+        nested = _model(info.annotation)
+        if nested is None:
+            yield [name]
+        else:
+            for below in _variable_paths(nested.model_fields):
+                yield [name, *below]
 
 
 class StrictEnvSource(EnvSettingsSource):
@@ -157,6 +180,51 @@ def variable_for(loc: Sequence[int | str], environ: Mapping[str, str]) -> str | 
             if name in set_names:
                 return name
     return None
+
+
+def variable_named(loc: Sequence[int | str]) -> str:
+    """The variable that sets the value at ``loc`` (list items are set with their list)."""
+    names = []
+    for part in loc:
+        if not isinstance(part, str):
+            break
+        names.append(part.upper())
+    return PREFIX + DELIMITER.join(names)
+
+
+#: A dotted settings path in a message (``delivery.webhook_allowed_hosts``), not inside quotes.
+_DOTTED_PATH = re.compile(r"(?<![\w.'\"/])([a-z][a-z0-9_]*(?:\.[a-z0-9_]+)+)(?![\w'\"/])")
+#: The settings path a message starts with (``webhook_accounts.a: …``, ``ca_file '…'``).
+_LEADING_PATH = re.compile(r"([a-z][a-z0-9_]*(?:\.[a-z0-9_]+)*)[: ]")
+
+
+def with_variables(model: type[BaseModel], message: str) -> str:
+    """``message`` with each dotted path naming a setting of ``model`` replaced by its variable.
+
+    Paths through list items (``delivery.routes.0``) are locations, not variables: kept.
+    """
+
+    def replace(match: re.Match[str]) -> str:
+        parts = match.group(1).split(".")
+        if any(part.isdigit() for part in parts):
+            return match.group(1)
+        name = PREFIX + DELIMITER.join(parts).upper()
+        return name if names_setting(model, name) else match.group(1)
+
+    return _DOTTED_PATH.sub(replace, message)
+
+
+def location_of(
+    model: type[BaseModel], loc: Sequence[int | str], message: str
+) -> tuple[int | str, ...]:
+    """``loc`` extended by the settings path ``message`` starts with, if it names one below it."""
+    match = _LEADING_PATH.match(message)
+    if match is not None:
+        for start in (tuple(loc), ()):
+            parts = (*start, *match.group(1).split("."))
+            if names_setting(model, PREFIX + DELIMITER.join(map(str, parts)).upper()):
+                return tuple(int(p) if isinstance(p, str) and p.isdigit() else p for p in parts)
+    return tuple(loc)
 
 
 def keys_at(model: type[BaseModel], loc: Sequence[int | str]) -> list[str]:

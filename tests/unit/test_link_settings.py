@@ -63,7 +63,9 @@ def test_two_ways_to_log_in_to_nats_are_refused(pem):
 def test_redis_tls_files_need_a_rediss_url(pem):
     with pytest.raises(ValidationError) as caught:
         Settings(redis={"tls": {"ca_file": str(pem)}})
-    assert "redis.tls is set but redis.url is not a rediss:// URL" in _one_line(caught.value)
+    assert "MAILROOM_REDIS__TLS is set but MAILROOM_REDIS__URL is not a rediss:// URL" in _one_line(
+        caught.value
+    )
 
 
 def test_a_redis_login_in_the_url_and_in_the_settings_is_refused():

@@ -118,8 +118,9 @@ def test_an_unlisted_webhook_url_is_one_configuration_line(monkeypatch):
     failure = describe(caught.value)
     assert failure is not None
     assert failure.lines == [
-        "mailroom: configuration error: delivery: "
-        "webhook_accounts.a: webhook address 10.0.0.5 is not in delivery.webhook_allowed_hosts"
+        "mailroom: configuration error: MAILROOM_DELIVERY__WEBHOOK_ACCOUNTS: delivery: "
+        "webhook_accounts.a: webhook address 10.0.0.5 is not in "
+        "MAILROOM_DELIVERY__WEBHOOK_ALLOWED_HOSTS"
     ]
 
 

@@ -45,6 +45,48 @@ def test_misspelt_top_level_variable_gets_a_suggestion(monkeypatch):
         Settings()
 
 
+def test_one_underscore_where_groups_nest_suggests_the_nested_variable(monkeypatch):
+    monkeypatch.setenv("MAILROOM_DATABASE_URL", "postgresql+psycopg://db/x")
+    with pytest.raises(SettingsError) as caught:
+        Settings()
+    assert "(did you mean MAILROOM_DATABASE__URL?)" in _config_error(caught.value)
+
+
+def test_misspelt_file_variable_is_suggested_with_its_file_suffix(monkeypatch, tmp_path):
+    monkeypatch.setenv("MAILROOM_INTAKE__MAILBOXS_FILE", str(tmp_path / "mailboxes.json"))
+    with pytest.raises(SettingsError) as caught:
+        Settings()
+    assert "(did you mean MAILROOM_INTAKE__MAILBOXES_FILE?)" in _config_error(caught.value)
+
+
+def test_a_webhook_outside_the_allow_list_names_the_variables_to_set(monkeypatch):
+    monkeypatch.setenv("MAILROOM_DELIVERY__WEBHOOK_ACCOUNTS__ERP__URL", "https://hooks.test/")
+    with pytest.raises(ValidationError) as caught:
+        Settings()
+    assert _config_error(caught.value) == (
+        "mailroom: configuration error: MAILROOM_DELIVERY__WEBHOOK_ACCOUNTS__ERP: delivery: "
+        "webhook_accounts.erp: webhook host 'hooks.test' is not in "
+        "MAILROOM_DELIVERY__WEBHOOK_ALLOWED_HOSTS"
+    )
+
+
+@pytest.mark.parametrize(
+    ("settings", "variable"),
+    [
+        ({"redis": {"tls": {"ca_file": "/no/such/ca.pem"}}}, "MAILROOM_REDIS__TLS__CA_FILE"),
+        ({"intake": {"lease_s": 0}}, "MAILROOM_INTAKE__LEASE_S"),
+        (
+            {"delivery": {"routes": [{"channel": "webhook", "account": "erp"}]}},
+            "MAILROOM_DELIVERY__ROUTES",
+        ),
+    ],
+)
+def test_every_settings_error_names_a_variable_to_set(settings, variable):
+    with pytest.raises(ValidationError) as caught:
+        Settings(**settings)
+    assert variable in _config_error(caught.value)
+
+
 def test_value_below_a_single_value_setting_is_unknown(monkeypatch):
     monkeypatch.setenv("MAILROOM_INTAKE__LEASE_S__SECONDS", "10")
     with pytest.raises(SettingsError, match="MAILROOM_INTAKE__LEASE_S takes one value"):
@@ -136,8 +178,8 @@ def test_no_ack_window_shorter_than_twice_the_bridge_ack_wait_fails_at_load():
             nats=NatsSettings(bridge_ack_wait_s=30),
         )
     message = _config_error(caught.value)
-    assert "recognition.ack_timeout_s" in message
-    assert "nats.bridge_ack_wait_s" in message
+    assert "MAILROOM_RECOGNITION__ACK_TIMEOUT_S" in message
+    assert "MAILROOM_NATS__BRIDGE_ACK_WAIT_S" in message
     Settings(
         recognition=RecognitionSettings(ack_timeout_s=5, max_republish=3),
         nats=NatsSettings(bridge_ack_wait_s=10),
@@ -175,7 +217,7 @@ def test_after_ingest_move_without_a_folder_fails_at_load_in_one_line():
     with pytest.raises(ValidationError) as caught:
         Settings(intake={"mailboxes": [{**MAILBOX, "after_ingest": "move"}]})
     assert _config_error(caught.value) == (
-        "mailroom: configuration error: intake.mailboxes.0: "
+        "mailroom: configuration error: MAILROOM_INTAKE__MAILBOXES: intake.mailboxes.0: "
         "mailbox 'billing': after_ingest 'move' needs move_to (a folder)"
     )
     moving = Settings(
