@@ -79,6 +79,7 @@ class RedisClockBroker(RedisBroker):
     """A ``RedisBroker`` whose heartbeats and maintenance use Redis's clock."""
 
     def __init__(self, **options: Any) -> None:
-        super().__init__(**options)
+        # Dramatiq leaves RedisBroker's constructor unannotated.
+        super().__init__(**options)  # type: ignore[no-untyped-call]
         self.clock = RedisClock(self.client)
         self.scripts["dispatch"] = _StampedScript(self.scripts["dispatch"], self.clock)

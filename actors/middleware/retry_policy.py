@@ -153,7 +153,9 @@ class RetryPolicies(Middleware):
             delay,
             _describe(exception),
         )
-        broker.enqueue(message, delay=delay)
+        # Dramatiq's own Retries enqueues the proxy too (it forwards every Message attribute);
+        # Broker.enqueue is annotated with Message only.
+        broker.enqueue(message, delay=delay)  # type: ignore[arg-type]
 
 
 def _describe(exception: BaseException) -> str:

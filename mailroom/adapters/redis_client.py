@@ -20,11 +20,11 @@ import redis.asyncio as aioredis
 import redis.asyncio.retry
 import redis.retry
 from redis.backoff import ExponentialBackoff
-from redis.exceptions import ConnectionError, TimeoutError
+from redis.exceptions import ConnectionError, RedisError, TimeoutError
 
 from mailroom.settings import RedisSettings
 
-RETRIED_ERRORS = (ConnectionError, TimeoutError)
+RETRIED_ERRORS: tuple[type[RedisError], ...] = (ConnectionError, TimeoutError)
 
 
 def _options(url: str, settings: RedisSettings, block_s: float) -> dict[str, Any]:
@@ -66,7 +66,7 @@ CLI_REDIS_ATTEMPTS = 1
 
 def _retry_args(
     settings: RedisSettings, attempts: int | None
-) -> tuple[ExponentialBackoff, int, tuple[type[Exception], ...]]:
+) -> tuple[ExponentialBackoff, int, tuple[type[RedisError], ...]]:
     """What both clients' ``Retry`` take: backoff, retries (``attempts`` if given), errors."""
     backoff = ExponentialBackoff(
         cap=settings.retry_backoff_cap_s, base=settings.retry_backoff_base_s

@@ -13,7 +13,7 @@ import dataclasses
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import redis
 import typer
@@ -68,6 +68,13 @@ def _error(options: dict[str, Any]) -> str:
     return str(reason)[:200] if reason else _last_line(options.get("traceback"))
 
 
+def _failed_ids(client: redis.Redis, key: str, limit: int) -> list[tuple[bytes, float]]:
+    """The first ``limit`` Redis ids of a dead-letter queue, each with its time in ms."""
+    # redis-py annotates zrange with every shape it can answer; with scores and no
+    # decode_responses it is (bytes, float) pairs.
+    return cast("list[tuple[bytes, float]]", client.zrange(key, 0, limit - 1, withscores=True))
+
+
 def list_dead_letters(
     settings: Settings, *, queue: str | None = None, limit: int = 100
 ) -> list[DeadLetter]:
@@ -76,11 +83,10 @@ def list_dead_letters(
     found: list[DeadLetter] = []
     try:
         for name in [queue] if queue else _queues(settings):
-            entries = client.zrange(f"{ns}:{name}.XQ", 0, limit - 1, withscores=True)
-            for raw_id, score in entries:
+            for raw_id, score in _failed_ids(client, f"{ns}:{name}.XQ", limit):
                 redis_id = raw_id.decode()
                 data = client.hget(f"{ns}:{name}.XQ.msgs", redis_id)
-                if data is None:
+                if not isinstance(data, bytes):  # None: gone meanwhile (the client answers bytes)
                     continue
                 message = Message.decode(data)
                 found.append(
@@ -107,7 +113,8 @@ def replay_dead_letters(
 
     ns = settings.broker.namespace
     # A plain broker on the same Redis: dead letters are a Redis matter, whatever broker is global.
-    broker = RedisBroker(client=_client(settings), namespace=ns)
+    # Dramatiq leaves RedisBroker's constructor unannotated.
+    broker = RedisBroker(client=_client(settings), namespace=ns)  # type: ignore[no-untyped-call]
     letters = list_dead_letters(
         settings, queue=queue, limit=limit if message_id is None else 10_000
     )
@@ -118,7 +125,7 @@ def replay_dead_letters(
     try:
         for letter in letters[:limit]:
             data = client.hget(f"{ns}:{letter.queue}.XQ.msgs", letter.redis_id)
-            if data is None:
+            if not isinstance(data, bytes):  # None: gone meanwhile (the client answers bytes)
                 continue
             message = Message.decode(data)
             # Fresh options: the retry count starts over and no stale eta or Redis id remains.

@@ -58,6 +58,10 @@ class Claim:
     lane: Lane = field(repr=False)
 
 
+#: A claimed row: CLAIM's columns in order, which are Claim's fields before its lane.
+ClaimRow = tuple[int, str, str, str, str | None, str, int, dict[str, Any] | None, str | None, str]
+
+
 class _Taken(NamedTuple):
     """A round's answer for one message taken."""
 
@@ -66,7 +70,7 @@ class _Taken(NamedTuple):
     at: float
     #: With the lock ours: the claimed row, why there is none (the message's status, or None
     #: when it does not exist), or the error that stopped the claim. Else None.
-    claim: tuple[Any, ...] | str | Exception | None
+    claim: ClaimRow | str | Exception | None
 
 
 @dataclass(eq=False)
@@ -154,11 +158,11 @@ class Rounds:
             if self._connection is None:
                 connection = await self.engine.connect()
                 try:
-                    driver = await driver_connection(connection)
+                    opened = await driver_connection(connection)
                 except BaseException:
                     await connection.close()
                     raise
-                self._connection, self._driver = connection, driver
+                self._connection, self._driver = connection, opened
             driver = self._driver
             assert driver is not None
             try:
@@ -192,7 +196,7 @@ class Rounds:
                 locks = exc
         ours = [] if isinstance(locks, Exception) else [m for m in takes if locks[m].ours]
         settled: set[int] | Exception = set()
-        claims: dict[int, tuple[Any, ...] | str | Exception | None] = {}
+        claims: dict[int, ClaimRow | str | Exception | None] = {}
         if successes or ours:
             try:
                 settled, found = await self._write(successes, ours)
@@ -224,7 +228,7 @@ class Rounds:
 
     async def _write(
         self, successes: Sequence[_Success], message_ids: Sequence[int]
-    ) -> tuple[set[int], dict[int, tuple[Any, ...] | str | None]]:
+    ) -> tuple[set[int], dict[int, ClaimRow | str | None]]:
         """Settle ``successes`` and claim ``message_ids`` in one statement; returns the ids
         settled and, for each id, its claim row or status (None: no such message)."""
         params: dict[str, Any] = {}
@@ -236,7 +240,7 @@ class Rounds:
         if message_ids:
             params |= {"ids": list(message_ids), "due_slack_s": DUE_SLACK_S}
         settled: set[int] = set()
-        found: dict[int, tuple[Any, ...] | str | None] = {}
+        found: dict[int, ClaimRow | str | None] = {}
         if successes and message_ids:
             for row in await self._execute(SUCCEED_AND_CLAIM, params):
                 if row[0]:

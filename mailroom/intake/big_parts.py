@@ -166,8 +166,8 @@ def read_part(part: Message, elided: ElidedMail | None, max_bytes: int) -> tuple
             data = decode_base64(elided.raw, span)
             if data is not None:
                 return data, len(data)
-        elided.restore_part(part)
-        payload = part.get_payload()
+        payload = elided.restore(payload)
+        part.set_payload(payload)
     if encoding == "base64" and len(payload) * 3 // 4 > max_bytes:
         text = payload.encode("ascii", "ignore")
         tail = text[-8:].rstrip()

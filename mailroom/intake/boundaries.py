@@ -100,5 +100,6 @@ class _FeedParserRe:
 
 def install() -> None:
     """Give ``email.feedparser`` the boundary matcher; every parse in the process uses it."""
-    if not isinstance(email.feedparser.re, _FeedParserRe):
+    # typeshed leaves out the module's own ``re`` import, which is what is replaced here.
+    if not isinstance(email.feedparser.re, _FeedParserRe):  # type: ignore[attr-defined]
         email.feedparser.re = _FeedParserRe()  # type: ignore[attr-defined]

@@ -185,7 +185,8 @@ def _magic(head: bytes) -> str:
         return ""
     if not matches:
         return ""
-    found = matches[0].extension.lower().lstrip(".")
+    extension: str = matches[0].extension  # puremagic's result is an untyped namedtuple
+    found = extension.lower().lstrip(".")
     return _MAGIC_TYPES.get(found, found)
 
 

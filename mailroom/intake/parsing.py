@@ -429,10 +429,10 @@ def _payload(part: Message) -> bytes:
     if (elided := _ELIDED.get()) is not None:
         elided.restore_part(part)
     try:
-        data = part.get_payload(decode=True)
+        decoded = part.get_payload(decode=True)
     except Exception:  # broken transfer encoding: keep what is there
-        data = None
-    if isinstance(data, bytes):
-        return data
+        decoded = None
+    if isinstance(decoded, bytes):
+        return decoded
     raw = part.get_payload()
     return raw.encode("utf-8", "surrogateescape") if isinstance(raw, str) else b""

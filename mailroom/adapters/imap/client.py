@@ -392,7 +392,8 @@ def _fetch_quietly(client: IMAPClient, uids: list[int], items: list[str]) -> dic
     imap = client._imap
     level, imap.debug = imap.debug, 0
     try:
-        return client.fetch(uids, items)
+        fetched: dict[int, Any] = client.fetch(uids, items)  # imapclient is unannotated
+        return fetched
     finally:
         imap.debug = level
 
