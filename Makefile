@@ -11,10 +11,11 @@ fmt: ## Format and autofix
 	uv run ruff format .
 	uv run ruff check --fix .
 
-lint: ## Ruff, formatting, layering contracts and migration drift
+lint: ## Ruff, formatting, layering contracts, strict types and migration drift
 	uv run ruff check .
 	uv run ruff format --check .
 	uv run lint-imports
+	uv run mypy
 	uv run python -m mailroom.devtools.ci_checks alembic-check
 
 test: ## The whole test suite (starts its own servers)
