@@ -26,10 +26,8 @@ import contextlib
 import logging
 import random
 import time
-from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
@@ -37,11 +35,18 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from mailroom.adapters.redis import DeliveryRedis, describe_holder
 from mailroom.backoff import backoff
 from mailroom.db.engine import transaction
-from mailroom.db.models import FINAL_MESSAGE_STATUSES
 from mailroom.delivery import metrics
 from mailroom.delivery.batch import Batch, Claim, Found, Lane, Rounds
 from mailroom.delivery.chunks import FAILED, SENT, ChunkPlan
 from mailroom.delivery.locks import BatchLease, LockOwner, process_owner
+from mailroom.delivery.outcomes import (
+    BatchResult,
+    Outcome,
+    describe_error,
+    log_batch,
+    truncate_error,
+    unclaimed,
+)
 from mailroom.delivery.ports import Envelope, Outbound, Send
 from mailroom.delivery.statements import (
     RETRY_IN_S,
@@ -53,43 +58,6 @@ from mailroom.errors import DeliveryDeferred, LeaseLost, PermanentError, RateLim
 from mailroom.settings import DeliverySettings
 
 logger = logging.getLogger(__name__)
-
-#: Longest error text stored in ``last_error``.
-MAX_ERROR_CHARS = 500
-
-
-class Outcome(StrEnum):
-    DELIVERED = "delivered"
-    SETTLED = "settled"  # delivered or failed earlier: nothing to do
-    HELD = "held"  # another attempt holds the lock
-    MISSING = "missing"
-    NOT_DUE = "not_due"  # pending with a later next_retry_at: its own retry is on the way
-    FAILED = "failed"
-    PARTIAL_FAILED = "partial_failed"
-    UNCERTAIN = "uncertain"
-    LEASE_LOST = "lease_lost"
-    DEFERRED = "deferred"  # runs again later: see ``BatchResult.retries``
-
-
-@dataclass
-class BatchResult:
-    """What a batch did, by message id."""
-
-    outcomes: dict[int, Outcome] = field(default_factory=dict)
-    #: Messages to run again later (outcome ``DEFERRED``): ``DeliveryDeferred`` with its
-    #: wait, or the error that stopped the attempt (infrastructure, a bug).
-    retries: dict[int, Exception] = field(default_factory=dict)
-
-
-def _unclaimed(message_id: int, status: str | None) -> Outcome:
-    """Why a message was not claimed, from its status (None: no such message)."""
-    if status is None:
-        logger.warning("Channel message %s does not exist; nothing to deliver", message_id)
-        return Outcome.MISSING
-    if status in FINAL_MESSAGE_STATUSES:
-        return Outcome.SETTLED
-    logger.debug("Message %s is not due yet; its own retry will deliver it", message_id)
-    return Outcome.NOT_DUE
 
 
 @dataclass
@@ -137,7 +105,7 @@ class Deliverer:
         finally:
             for message_id in mine:
                 self.owner.leave(message_id)
-        _log_batch(result)
+        log_batch(result)
         return result
 
     async def _deliver_many(self, message_ids: list[int], result: BatchResult) -> None:
@@ -194,7 +162,7 @@ class Deliverer:
             raise claim
         if not isinstance(claim, Claim):
             await self._release(lane.lease, message_id)
-            return _unclaimed(message_id, claim)
+            return unclaimed(message_id, claim)
         return await self._attempt(claim)
 
     async def _attempt(self, claim: Claim) -> Outcome:
@@ -227,7 +195,7 @@ class Deliverer:
         except RateLimited as exc:
             return await self._defer(claim, plan, exc)
         except PermanentError as exc:
-            return await self._fail(claim, plan, _describe(exc), reason="permanent")
+            return await self._fail(claim, plan, describe_error(exc), reason="permanent")
         except RetryableError as exc:
             return await self._retry(claim, plan, exc)
         except Exception as exc:  # a bug in a channel: retried, bounded by max_attempts
@@ -285,7 +253,7 @@ class Deliverer:
             claim,
             status=status,
             chunks=plan.record(),
-            last_error=_truncate(error),
+            last_error=truncate_error(error),
             next_retry_at=None,
         )
         await self._cache_final(claim, status)
@@ -297,7 +265,7 @@ class Deliverer:
             plan.sent_count,
             plan.total,
             claim.attempts,
-            _truncate(error, 200),
+            truncate_error(error, 200),
         )
         return Outcome.PARTIAL_FAILED if plan.sent_count else Outcome.FAILED
 
@@ -324,7 +292,7 @@ class Deliverer:
 
     async def _retry(self, claim: Claim, plan: ChunkPlan, exc: BaseException) -> Outcome:
         if claim.attempts >= self.settings.max_attempts:
-            error = f"gave up after {claim.attempts} attempts; last error: {_describe(exc)}"
+            error = f"gave up after {claim.attempts} attempts; last error: {describe_error(exc)}"
             return await self._fail(claim, plan, error, reason="max_attempts")
         delay_s = backoff(
             claim.attempts,
@@ -340,7 +308,7 @@ class Deliverer:
         # Our own throttle refunds the attempt: nothing reached the provider.
         refund = not getattr(exc, "counts_as_attempt", True)
         if not refund and claim.attempts >= self.settings.max_attempts:
-            error = f"gave up after {claim.attempts} attempts; last error: {_describe(exc)}"
+            error = f"gave up after {claim.attempts} attempts; last error: {describe_error(exc)}"
             return await self._fail(claim, plan, error, reason="max_attempts")
         metrics.FAILED.labels(claim.channel, claim.account, "rate_limited").inc()
         return await self._reschedule(claim, plan, exc, delay_s=exc.retry_after_s, refund=refund)
@@ -351,7 +319,7 @@ class Deliverer:
         values: dict[str, Any] = {
             "status": "pending",
             RETRY_IN_S: float(delay_s),  # next_retry_at, by the database's clock
-            "last_error": _truncate(_describe(exc)),
+            "last_error": truncate_error(describe_error(exc)),
             "chunks": plan.record(),
         }
         if refund:
@@ -366,7 +334,7 @@ class Deliverer:
             claim.attempts,
             plan.sent_count,
             plan.total,
-            _truncate(_describe(exc), 200),
+            truncate_error(describe_error(exc), 200),
         )
         raise DeliveryDeferred(
             f"message {claim.id} retries in {delay_ms} ms", retry_after_ms=delay_ms
@@ -427,28 +395,3 @@ class Deliverer:
             await self._release(lease, message_id)
         except Exception:
             logger.warning("Releasing the lock of message %s failed", message_id)
-
-
-def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
-
-
-def _truncate(value: str, limit: int = MAX_ERROR_CHARS) -> str:
-    return value if len(value) <= limit else value[: limit - 1] + "…"
-
-
-def _log_batch(result: BatchResult) -> None:
-    """One INFO line per batch with its outcomes counted; each delivery is a DEBUG line.
-
-    An INFO line per delivered message cost the worker more CPU than a quarter of the
-    delivery (delivery bench); what did not go as planned keeps a warning of its own, with
-    the message's id, and every delivery is on its row (``status``, ``delivered_at``).
-    """
-    if result.outcomes and logger.isEnabledFor(logging.INFO):
-        counts = Counter(result.outcomes.values())
-        logger.info(
-            "Delivery batch: %s",
-            ", ".join(
-                f"{counts[outcome]} {outcome.value}" for outcome in Outcome if counts[outcome]
-            ),
-        )

@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from mailroom.adapters.redis import DeliveryRedis
-from mailroom.delivery.deliver import Deliverer, Outcome
+from mailroom.delivery.deliver import Deliverer
 from mailroom.delivery.locks import LockOwner
+from mailroom.delivery.outcomes import Outcome
 from mailroom.delivery.ports import Envelope
 from mailroom.errors import DeliveryDeferred, PermanentError, RetryableError, ServiceUnavailable
 from tests.fixtures.delivery import load_message, make_message

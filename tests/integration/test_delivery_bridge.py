@@ -18,8 +18,9 @@ import redis.asyncio as aioredis
 from bridges.stream import StreamBridge, create_client
 from mailroom.adapters.redis import DeliveryRedis
 from mailroom.delivery.contracts import decode_entry
-from mailroom.delivery.deliver import Deliverer, Outcome
+from mailroom.delivery.deliver import Deliverer
 from mailroom.delivery.locks import LockOwner
+from mailroom.delivery.outcomes import Outcome
 from mailroom.devtools.stack import EmbeddedRedis
 from mailroom.settings import RedisSettings
 from tests.fixtures.delivery import ScriptedOutbound, load_message, make_message

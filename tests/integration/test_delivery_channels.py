@@ -12,8 +12,9 @@ import pytest
 
 from mailroom.adapters.channels import ChannelOutbound
 from mailroom.adapters.redis import DeliveryRedis
-from mailroom.delivery.deliver import Deliverer, Outcome
+from mailroom.delivery.deliver import Deliverer
 from mailroom.delivery.locks import LockOwner
+from mailroom.delivery.outcomes import Outcome
 from mailroom.delivery.ports import Envelope
 from mailroom.devtools.stack import free_port
 from mailroom.errors import (

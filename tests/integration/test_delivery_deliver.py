@@ -11,8 +11,9 @@ from sqlalchemy import select, update
 
 from mailroom.adapters.redis import DeliveryRedis
 from mailroom.db.models import AuditEvent, ChannelMessage
-from mailroom.delivery.deliver import Deliverer, Outcome
+from mailroom.delivery.deliver import Deliverer
 from mailroom.delivery.locks import LockOwner
+from mailroom.delivery.outcomes import Outcome
 from mailroom.delivery.statements import UNCERTAIN_ERROR
 from mailroom.errors import DeliveryDeferred, PermanentError, RateLimited, RetryableError
 from tests.fixtures.delivery import ScriptedOutbound, load_message, make_message

@@ -12,8 +12,9 @@ import pytest
 
 from mailroom.adapters.channels import ChannelOutbound
 from mailroom.adapters.redis import DeliveryRedis
-from mailroom.delivery.deliver import Deliverer, Outcome
+from mailroom.delivery.deliver import Deliverer
 from mailroom.delivery.locks import LockOwner
+from mailroom.delivery.outcomes import Outcome
 from mailroom.settings import EmailAccount
 from tests.fixtures.delivery import load_message, make_message
 

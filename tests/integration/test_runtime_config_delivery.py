@@ -12,8 +12,9 @@ from mailroom.config_store import admin
 from mailroom.config_store.effective import RuntimeAccounts
 from mailroom.config_store.secrets import Cipher
 from mailroom.db.engine import transaction
-from mailroom.delivery.deliver import Deliverer, Outcome
+from mailroom.delivery.deliver import Deliverer
 from mailroom.delivery.locks import LockOwner
+from mailroom.delivery.outcomes import Outcome
 from mailroom.settings import RuntimeConfigSettings, Settings
 from tests.fixtures.delivery import HttpReply, load_message, make_message
 

@@ -20,8 +20,9 @@ import pytest
 from mailroom.adapters.channels import ChannelOutbound, webhook
 from mailroom.adapters.channels.webhook import WebhookChannel
 from mailroom.adapters.redis import DeliveryRedis
-from mailroom.delivery.deliver import Deliverer, Outcome
+from mailroom.delivery.deliver import Deliverer
 from mailroom.delivery.locks import LockOwner
+from mailroom.delivery.outcomes import Outcome
 from mailroom.delivery.ports import Envelope
 from mailroom.devtools.imap import self_signed_certificate
 from mailroom.devtools.sinks import WebhookSink, new_secret
