@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from mailroom.intake.cursor import backoff_s
+from mailroom.intake.cursor_failures import backoff_s
 
 logger = logging.getLogger(__name__)
 

@@ -28,6 +28,7 @@ from mailroom.errors import (
     describe_error,
 )
 from mailroom.intake import cursor as cursors
+from mailroom.intake import cursor_failures as failures
 from mailroom.intake.batch import BatchContext, BatchResult, Nudge, run_batch
 from mailroom.intake.cursor import Claim
 from mailroom.intake.lease import run_under_lease
@@ -159,7 +160,7 @@ async def _mail_failed(
     claim = ctx.claim
     _log_failure(claim.mailbox, f"UID {exc.uid} failed", exc.cause)
     try:
-        failure = await cursors.record_mail_failure(
+        failure = await failures.record_mail_failure(
             deps.sessions,
             claim,
             uidvalidity=_uidvalidity(claim, exc),
@@ -203,7 +204,7 @@ async def _batch_failed(
     # a server's passing trouble (a lockout, its directory down) and keeps backing off.
     grant_refused = any(isinstance(e, OAuthTokenRefused) for e in _causes(exc))
     try:
-        failure = await cursors.record_batch_failure(
+        failure = await failures.record_batch_failure(
             deps.sessions,
             claim,
             error=exc,

@@ -17,6 +17,7 @@ from actors.intake import poll_mailboxes
 from mailroom.db.engine import psycopg_autocommit
 from mailroom.db.models import MailboxCursor
 from mailroom.intake import cursor as cursors
+from mailroom.intake import cursor_failures as failures
 from mailroom.intake.cursor_sql import ASYNC_COMMIT, CLAIM_CURSOR, COUNT_ATTEMPT, FINISH_BATCH
 from mailroom.intake.pending import mark_polls_queued
 from mailroom.settings import (
@@ -62,7 +63,7 @@ async def test_a_mailbox_is_marked_once_until_a_claim_takes_its_poll(intake_env)
     )
     assert isinstance(claim, cursors.Claim)
     assert "box" not in await mark(), "leased: its poll is running"
-    failure = await cursors.record_batch_failure(
+    failure = await failures.record_batch_failure(
         intake_env.sessions,
         claim,
         error=OSError("imap down"),

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from mailroom.errors import LeaseLost, describe_error
-from mailroom.intake.cursor import backoff_s
+from mailroom.intake.cursor_failures import backoff_s
 from mailroom.intake.lease import run_under_lease
 
 
