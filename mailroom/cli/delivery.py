@@ -153,43 +153,130 @@ def default_subject(text: str) -> str:
     return line if len(line) <= SUBJECT_CHARS else line[: SUBJECT_CHARS - 1] + "…"
 
 
+#: Prefix of the dedupe key of a message stored by ``notify --idempotency-key``.
+NOTIFY_KEY_PREFIX = "notify:"
+
+
 def notify(
     text: str = typer.Argument(..., help="The message body."),
     channel: str = typer.Option(..., "--channel", help="log, webhook, email, …"),
     to: str = typer.Option(..., "--to", help="The recipient."),
-    account: str = typer.Option("default", "--account"),
+    account: str = typer.Option(
+        None,
+        "--account",
+        help="The channel's account: webhook and email need a configured one; others: default.",
+    ),
     subject: str = typer.Option(
         None, "--subject", help="Default: the text's first line, shortened to 78 characters."
     ),
+    idempotency_key: str = typer.Option(
+        None,
+        "--idempotency-key",
+        help="Store once per key: the command repeated reports the message stored first.",
+    ),
 ) -> None:
-    """Send a notification through a channel (created pending, delivered by the workers)."""
+    """Store a notification and queue it for the workers; says which message it stored.
+
+    With Redis down the message is still stored, and the scheduler's sweep queues it
+    once Redis is back. Postgres down stores nothing.
+    """
     if not subject:
         subject = default_subject(text)
+    import redis.exceptions
+
     from mailroom.adapters.channels import plugin
+    from mailroom.cli.errors import mask_passwords
     from mailroom.delivery.producer import create_message, enqueue_messages
-    from mailroom.errors import UnknownChannel
+    from mailroom.errors import ServiceUnavailable, UnknownChannel
 
     try:
         plugin(channel)
     except UnknownChannel as exc:
         raise typer.BadParameter(str(exc), param_hint="--channel") from exc
     settings = _settings()
+    dedupe_key = NOTIFY_KEY_PREFIX + idempotency_key if idempotency_key else None
 
-    async def work(clients: Clients) -> int:
+    async def work(clients: Clients) -> str:
         sessions, client = clients
         async with transaction(sessions) as session:
+            chosen = await _account_for(session, settings, channel, account)
             message_id = await create_message(
                 session,
                 channel=channel,
-                account=account,
+                account=chosen,
                 recipient=to,
                 subject=subject,
                 body=text,
+                dedupe_key=dedupe_key,
             )
-        assert message_id is not None  # no dedupe key, so always inserted
-        await enqueue_messages(
-            [message_id], redis=client, sessions=sessions, settings=settings.delivery
-        )
-        return message_id
+            if message_id is None:
+                earlier, state = await _message_with_key(session, dedupe_key)
+                return (
+                    f"message {earlier} was stored with idempotency key {idempotency_key!r} "
+                    f"before (now {state}); nothing stored or sent again"
+                )
+        try:
+            # The XADD is the only step left that can fail on Redis: the row is committed.
+            await enqueue_messages(
+                [message_id], redis=client, sessions=sessions, settings=settings.delivery
+            )
+        except (
+            ServiceUnavailable,
+            redis.exceptions.ConnectionError,
+            redis.exceptions.TimeoutError,
+        ) as exc:
+            reason = mask_passwords(str(exc).strip().splitlines()[0] if str(exc).strip() else "")
+            return (
+                f"stored as message {message_id}; it will be sent when Redis is reachable "
+                f"(now: {reason or type(exc).__name__})"
+            )
+        return f"stored as message {message_id} and queued: {channel}/{chosen} to {to}"
 
-    typer.echo(f"message {_run(settings, work)} queued")
+    typer.echo(_run(settings, work))
+
+
+async def _account_for(
+    session: AsyncSession, settings: Settings, channel: str, account: str | None
+) -> str:
+    """The account to store: given and configured (webhook, e-mail), or ``default`` (others).
+
+    Raises:
+        typer.BadParameter: the channel needs an account and none, or an unknown one, was given.
+    """
+    from mailroom.config_store import effective, kinds
+    from mailroom.config_store.secrets import Cipher
+
+    if channel not in kinds.ACCOUNT_MODELS:
+        return account or "default"
+    cipher = Cipher(settings.runtime_config.key.get_secret_value())
+    found = await effective.accounts(session, settings.delivery, cipher)
+    configured = sorted(
+        found.settings.webhook_accounts if channel == "webhook" else found.settings.email_accounts
+    )
+    known = f"configured: {', '.join(configured)}" if configured else "none is configured"
+    if account is None:
+        raise typer.BadParameter(f"{channel} needs an account ({known})", param_hint="--account")
+    unusable = found.unusable.get(f"{channel}:{account}")
+    if unusable is not None:
+        raise typer.BadParameter(unusable, param_hint="--account")
+    if account not in configured:
+        raise typer.BadParameter(
+            f"no {channel} account {account!r} ({known})", param_hint="--account"
+        )
+    return account
+
+
+async def _message_with_key(session: AsyncSession, dedupe_key: str | None) -> tuple[int, str]:
+    """The id and status of the message stored with ``dedupe_key``."""
+    from sqlalchemy import select
+
+    from mailroom.db.models import ChannelMessage
+
+    row = (
+        await session.execute(
+            select(ChannelMessage.id, ChannelMessage.status).where(
+                ChannelMessage.dedupe_key == dedupe_key
+            )
+        )
+    ).one()
+    return row.id, row.status
