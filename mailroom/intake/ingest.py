@@ -202,7 +202,9 @@ def _mail_write(claim: Claim, prepared: PreparedMail, *, uidvalidity: int) -> Ma
             objects.setdefault((ref.bucket, ref.key), _object_row(ref, "incoming"))
         recognizable = attachment.pipeline is not None and attachment.skip_reason is None
         status, reason = "UPLOADED" if recognizable else "SKIPPED", attachment.skip_reason
-        if attachment.container_reason is not None:
+        if attachment.check_reason is not None:
+            status, reason = "NEEDS_CHECK", attachment.check_reason
+        elif attachment.container_reason is not None:
             status, reason = "CONTAINER", attachment.container_reason
         files.append(
             FileRow(

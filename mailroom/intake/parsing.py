@@ -9,12 +9,15 @@ and the size and count limits decide which attachments are stored at all (one
 over its size limit is sized from its base64, never decoded; the big bodies of a
 big mail never go through the parser: ``big_parts``). Forwarded mails and
 winmail.dat are opened (``containers``) down to a depth limit, each file
-recording the container it came from.
+recording the container it came from. Every leaf part is accounted for: a file, a
+skipped file with its reason, or the mail's text (``ParsedMail.body_parts``).
 """
 
 from __future__ import annotations
 
+import binascii
 import email
+import quopri
 import re
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -110,6 +113,10 @@ class ParsedAttachment:
     parent: int | None = None
     #: Where the file sits in the mail: ``forwarded.eml/invoice.csv``.
     path: str = ""
+    #: Why an operator must look at it (a container that could not be opened), else None.
+    check_reason: str | None = None
+    #: The MIME part it was (IMAP section numbering: ``2.1``); None for a container's files.
+    section: str | None = None
 
     @property
     def extension(self) -> str:
@@ -127,6 +134,8 @@ class ParsedMail:
     authentication_results: str | None = None
     subject: str | None = None
     attachments: list[ParsedAttachment] = field(default_factory=list)
+    #: The MIME parts that are the text of the mail or of a mail inside it (sections).
+    body_parts: list[str] = field(default_factory=list)
     #: Why the mail's content was not processed (too large), else None.
     problem: str | None = None
 
@@ -142,7 +151,7 @@ def parse_mail(raw: bytes, limits: Limits) -> ParsedMail:
     _read_headers(parsed, message)
     token = _ELIDED.set(elided)
     try:
-        parsed.attachments = _attachments(message, limits)
+        _collect(message, limits, parsed, parent=None, depth=0, prefix="")
     finally:
         _ELIDED.reset(token)
     return parsed
@@ -196,25 +205,32 @@ def safe_name(name: str | None, *, index: int, media_type: str) -> str:
     return cleaned
 
 
-def _attachments(message: Message, limits: Limits) -> list[ParsedAttachment]:
-    found: list[ParsedAttachment] = []
-    _collect(message, limits, found, parent=None, depth=0)
-    return found
-
-
 def _collect(
     message: Message,
     limits: Limits,
-    found: list[ParsedAttachment],
+    parsed: ParsedMail,
     *,
     parent: int | None,
     depth: int,
+    prefix: str,
 ) -> None:
-    """Add the attachments of ``message`` to ``found``, opening containers down to the limit."""
+    """Account for every leaf part of ``message``: a file (opened down to the limit) or body.
+
+    ``prefix`` is the section of the ``message/rfc822`` part that holds ``message`` and a dot,
+    or "" for the mail itself.
+    """
+    found = parsed.attachments
     cids = _referenced_content_ids(message) if limits.skip_inline_images else set()
-    for part, content_type, filename in _leaf_parts(message):
+    for part, content_type, filename, section in _leaf_parts(message, prefix):
+        if not _is_attachment(part, content_type, filename):
+            parsed.body_parts.append(section)
+            continue
+        nested, decoded = _inner_message(part)
         read = read_part(part, _ELIDED.get(), limits.max_attachment_bytes)
-        data, size = read if read is not None else (_payload(part), None)
+        if decoded is not None:
+            data, size = decoded, None
+        else:
+            data, size = read if read is not None else (_payload(part), None)
         attachment = _attachment(found, limits, filename, content_type, data, size=size)
         content_id = _content_id(part)
         if (
@@ -223,8 +239,9 @@ def _collect(
             and (attachment.file_type in IMAGE_TYPES or attachment.media_type.startswith("image/"))
         ):
             attachment.skip_reason = _INLINE_IMAGE
+        attachment.section = section
         _place(found, attachment, parent)
-        _open(found, limits, attachment, _inner_message(part), depth=depth)
+        _open(parsed, limits, attachment, nested, depth=depth)
 
 
 #: Why a part referenced from the HTML body is not sent to recognition.
@@ -285,14 +302,19 @@ def _place(found: list[ParsedAttachment], attachment: ParsedAttachment, parent: 
 
 
 def _open(
-    found: list[ParsedAttachment],
+    parsed: ParsedMail,
     limits: Limits,
     container: ParsedAttachment,
     nested: Message | None,
     *,
     depth: int,
 ) -> None:
-    """Extract the files of ``container`` when it is one (forwarded mail, winmail.dat)."""
+    """Extract the files of ``container`` when it is one (forwarded mail, winmail.dat).
+
+    A container that cannot be read, or holds no file at all, waits for an operator
+    (``check_reason``): it was sent as a document, and nothing of it would reach recognition.
+    """
+    found = parsed.attachments
     if container.skip_reason and not container.data:
         return  # over a limit: neither stored nor opened
     opened = open_container(container.name, container.media_type, container.data, nested)
@@ -305,29 +327,73 @@ def _open(
             f"{opened.kind} nested deeper than {limits.max_nesting} levels: kept unopened"
         )
         return
-    if opened.error is not None:
-        container.skip_reason = f"{opened.kind} could not be opened: {opened.error}"
-        return
     container.skip_reason = None
+    if opened.error is not None:
+        container.check_reason = f"{opened.kind} could not be opened: {opened.error}"
+        return
     position = len(found) - 1
     before = len(found)
     if opened.message is not None:
-        _collect(opened.message, limits, found, parent=position, depth=depth + 1)
+        section = container.section
+        prefix = f"{section}." if section else f"{container.path}:"
+        _collect(opened.message, limits, parsed, parent=position, depth=depth + 1, prefix=prefix)
     for item in opened.files:
         inner = _attachment(found, limits, item.name, item.media_type, item.data)
         _place(found, inner, position)
-        _open(found, limits, inner, None, depth=depth + 1)
+        _open(parsed, limits, inner, None, depth=depth + 1)
     count = len(found) - before
     container.container_reason = f"{opened.kind}: {count} file{'' if count == 1 else 's'} extracted"
+    if count == 0:
+        container.check_reason = f"{opened.kind}: no file inside it, only text"
 
 
-def _inner_message(part: Message) -> Message | None:
-    """The mail inside a ``message/rfc822`` part, already parsed with the outer one."""
-    if part.get_content_type() != "message/rfc822" or not part.is_multipart():
-        return None
+#: Transfer encodings a ``message/rfc822`` part should not have (RFC 2046), but is sent with.
+_ENCODED = ("base64", "quoted-printable")
+
+
+def _inner_message(part: Message) -> tuple[Message | None, bytes | None]:
+    """The mail inside a ``message/rfc822`` part, and its bytes when they had to be decoded.
+
+    The parser reads the part's body as a mail whatever its transfer encoding; a base64 or
+    quoted-printable one (some clients forward so) comes out as a mail without headers whose
+    text is the encoded mail: it is decoded and parsed again.
+    """
+    if part.get_content_type() not in _MAIL_TYPES or not part.is_multipart():
+        return None, None
     payload = part.get_payload()
     inner = payload[0] if isinstance(payload, list) and payload else None
-    return inner if isinstance(inner, Message) else None
+    if not isinstance(inner, Message):
+        return None, None
+    encoding = str(part.get("Content-Transfer-Encoding", "")).strip().lower()
+    if encoding not in _ENCODED:
+        return inner, None
+    try:
+        decoded = _decoded_mail(inner, encoding)
+    except (binascii.Error, ValueError):
+        decoded = None
+    if not decoded:
+        return inner, None  # not encoded after all: the mail as the parser read it
+    return email.message_from_bytes(decoded, policy=policy.compat32), decoded
+
+
+def _decoded_mail(inner: Message, encoding: str) -> bytes | None:
+    """The bytes of a mail sent base64 or quoted-printable inside a ``message/rfc822`` part."""
+    elided = _ELIDED.get()
+    if encoding == "base64":
+        text = inner.get_payload()
+        if inner.keys() or not isinstance(text, str):
+            return None  # a base64 body has no header lines: this is a mail as it is
+        if elided is not None:
+            text = elided.restore(text)
+        return binascii.a2b_base64(text.encode("ascii", "ignore"))
+    data = inner.as_bytes()
+    return quopri.decodestring(elided.restore_bytes(data) if elided else data)
+
+
+#: Parts that hold a whole mail: opened like a forwarded mail, named or not.
+_MAIL_TYPES = ("message/rfc822", "message/global")
+#: Parts of a delivery or read report that are the report's text, not an attachment.
+_REPORT_TYPES = ("message/delivery-status", "message/disposition-notification")
 
 
 def _content_id(part: Message) -> str | None:
@@ -359,34 +425,48 @@ def _referenced_content_ids(part: Message) -> set[str]:
     }
 
 
-#: A leaf part with its content type and file name, each read once (they are not cheap).
-_Leaf = tuple[Message, str, str | None]
+#: A leaf part with its content type, file name (each read once: they are not cheap) and
+#: section.
+_Leaf = tuple[Message, str, str | None, str]
 
 
-def _leaf_parts(part: Message) -> list[_Leaf]:
-    """Attachment candidates depth first: leaves of nested multiparts, attached mails whole."""
+def _leaf_parts(message: Message, prefix: str) -> list[_Leaf]:
+    """Every leaf part of ``message`` depth first, numbered as IMAP numbers sections.
+
+    Attached mails are leaves here (their own parts are walked when they are opened).
+    """
+    if message.get_content_maintype() == "multipart" and isinstance(message.get_payload(), list):
+        return _leaves(message, prefix.removesuffix("."))
+    return _leaves(message, f"{prefix}1")
+
+
+def _leaves(part: Message, section: str) -> list[_Leaf]:
     content_type = part.get_content_type()
-    maintype = content_type.partition("/")[0]
-    if maintype == "multipart":
+    payload = part.get_payload()
+    if content_type.startswith("multipart/") and isinstance(payload, list):
         leaves: list[_Leaf] = []
-        for child in part.get_payload() or []:
-            if isinstance(child, Message):
-                leaves.extend(_leaf_parts(child))
+        children = [child for child in payload if isinstance(child, Message)]
+        for number, child in enumerate(children, start=1):
+            leaves.extend(_leaves(child, f"{section}.{number}" if section else str(number)))
         return leaves
-    filename = _filename(part)
-    return [(part, content_type, filename)] if _is_attachment(part, maintype, filename) else []
+    # A multipart without its parts (no boundary, or a broken one) is a leaf: its text.
+    return [(part, content_type, _filename(part), section)]
 
 
-def _is_attachment(part: Message, maintype: str, filename: str | None) -> bool:
-    disposition = (part.get_content_disposition() or "").lower()
-    if disposition == "attachment":
-        return True
+def _is_attachment(part: Message, content_type: str, filename: str | None) -> bool:
+    """Whether a leaf part is a file; the others are the text of the mail (its body)."""
+    if content_type in _MAIL_TYPES:
+        return True  # a forwarded mail, even inline and unnamed, may carry documents
     if filename:
         return True  # inline parts with a name (images, PDFs in the body) are attachments too
-    if disposition == "inline":
+    if (part.get_content_disposition() or "").lower() == "attachment":
+        return True
+    maintype = content_type.partition("/")[0]
+    if content_type in _REPORT_TYPES or maintype == "multipart":
         return False
-    # Undisposed bodies: text is the message itself, anything else is content worth keeping.
-    return maintype not in ("text", "multipart")
+    # Text is the message itself, unless its type is a document's (an unnamed CSV); anything
+    # else is content worth keeping, inline or not.
+    return maintype != "text" or content_type in MEDIA_EXTENSIONS
 
 
 def _filename(part: Message) -> str | None:

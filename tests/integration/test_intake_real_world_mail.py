@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 from email.mime.application import MIMEApplication
+from email.mime.base import MIMEBase
 from email.mime.image import MIMEImage
 from email.mime.message import MIMEMessage
 from email.mime.multipart import MIMEMultipart
@@ -11,6 +13,7 @@ from email.mime.text import MIMEText
 import pytest
 
 from mailroom.devtools.tnef import make_winmail
+from mailroom.ops.attention import needs_operator
 from tests.fixtures.imap import on_every_server
 
 pytestmark = [pytest.mark.integration, on_every_server]
@@ -111,3 +114,41 @@ async def test_header_charsets_decode(intake_env):
     )
     mail, _, _ = await _ingest_one(intake_env, raw)
     assert mail.subject == "中文发票中文發票請求書\ufffd\ufffd end"
+
+
+async def test_an_inline_unnamed_forwarded_invoice_is_opened(intake_env):
+    inner = MIMEMultipart()
+    inner["Subject"] = "invoice"
+    inner.attach(_attachment(CSV, "text/csv", "invoice.csv"))
+    forwarded = MIMEMessage(inner)
+    forwarded.add_header("Content-Disposition", "inline")
+    _, (container, invoice), (job,) = await _ingest_one(intake_env, _mail(forwarded))
+    assert (container.status, container.original_name) == ("CONTAINER", "attachment-1.eml")
+    assert (invoice.status, invoice.source_path) == ("UPLOADED", "attachment-1.eml/invoice.csv")
+    assert job.file_id == invoice.id
+
+
+async def test_a_base64_forwarded_invoice_is_opened(intake_env):
+    inner = MIMEMultipart()
+    inner["Subject"] = "invoice"
+    inner.attach(_attachment(CSV, "text/csv", "invoice.csv"))
+    forwarded = MIMEBase("message", "rfc822")
+    forwarded["Content-Transfer-Encoding"] = "base64"
+    forwarded.set_payload(base64.encodebytes(inner.as_bytes()).decode())
+    _, (container, invoice), (job,) = await _ingest_one(intake_env, _mail(forwarded))
+    assert (container.status, container.status_reason) == (
+        "CONTAINER",
+        "forwarded mail: 1 file extracted",
+    )
+    assert (invoice.original_name, job.file_id) == ("invoice.csv", invoice.id)
+
+
+async def test_a_container_that_cannot_be_opened_waits_for_an_operator(intake_env):
+    broken = _attachment(b"not a TNEF stream", "application/ms-tnef", "winmail.dat")
+    mail, (container,), jobs = await _ingest_one(intake_env, _mail(broken))
+    assert jobs == []
+    assert container.status == "NEEDS_CHECK"
+    assert container.status_reason.startswith("winmail.dat (TNEF) could not be opened: ")
+    async with intake_env.sessions() as session:
+        assert (await needs_operator(session))["files_needs_check"] == 1
+    assert mail.status == "stored"

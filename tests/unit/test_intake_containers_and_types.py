@@ -77,12 +77,13 @@ def test_a_csv_inside_winmail_dat_is_extracted():
     )
 
 
-def test_broken_winmail_dat_is_kept_unopened_with_the_reason():
+def test_broken_winmail_dat_is_kept_unopened_for_an_operator_with_the_reason():
     tnef = MIMEApplication(b"not a TNEF stream", "ms-tnef")
     tnef.add_header("Content-Disposition", "attachment", filename="winmail.dat")
     (container,) = parse_mail(_mail(tnef).as_bytes(), LIMITS).attachments
     assert container.container_reason is None and container.data
-    assert container.skip_reason.startswith("winmail.dat (TNEF) could not be opened")
+    assert container.skip_reason is None
+    assert container.check_reason.startswith("winmail.dat (TNEF) could not be opened")
 
 
 def test_forwarded_mails_are_opened_to_the_nesting_limit_only():

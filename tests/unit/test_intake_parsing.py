@@ -56,6 +56,8 @@ def test_nested_multiparts_inline_named_parts_and_attached_mails_are_found():
     assert "under 4096" in parsed.attachments[0].skip_reason, "a 4-byte image is decoration"
     assert b"Subject: inner" in parsed.attachments[1].data
     assert parsed.attachments[1].container_reason == "forwarded mail: 0 files extracted"
+    assert parsed.attachments[1].check_reason == "forwarded mail: no file inside it, only text"
+    assert parsed.body_parts == ["1.1", "2.1"], "the HTML body and the forwarded text"
 
 
 def test_inline_text_without_a_name_is_body_but_unnamed_binary_is_kept():
