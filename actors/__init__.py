@@ -26,6 +26,12 @@ if actor_names.declares_actors():
         from mailroom.process.observability import setup_process
 
         setup_process(_settings, process="worker")
+        # A REPL or a script on the default links beside no ``mailroom dev`` says so once. The
+        # stub broker is the tests', which hand their servers to the code themselves.
+        if _settings.broker.kind != "stub":
+            from mailroom.process.dev_defaults import warn_without_dev_stack
+
+            warn_without_dev_stack(_settings)
         dramatiq.set_broker(build_broker(_settings))
 
     # Actor modules register on the broker set above; every actor is importable from here

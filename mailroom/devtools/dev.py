@@ -32,6 +32,7 @@ from mailroom.settings import (
     DEV_WEBHOOK_PORT,
     Settings,
 )
+from mailroom.settings.base import DEV_STATE_POSTGRES_DIR
 
 logger = logging.getLogger(__name__)
 
@@ -182,7 +183,7 @@ def run_dev(
     try:
         try:
             postgres = EmbeddedPostgres(
-                state / "postgres",
+                state / DEV_STATE_POSTGRES_DIR,
                 port=_port(settings.database.url),
                 database=urlsplit(settings.database.url).path.lstrip("/"),
             ).start()

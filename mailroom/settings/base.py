@@ -27,6 +27,10 @@ DEV_PORTS = frozenset(
     }
 )
 
+#: Folder under ``state_dir`` where ``mailroom dev`` keeps its Postgres data: where it is
+#: missing, no dev stack has run there (``mailroom.process.dev_defaults``).
+DEV_STATE_POSTGRES_DIR = "postgres"
+
 #: Standard ports per ``security`` when a mailbox or account gives none (plain needs one).
 IMAP_PORTS = {"ssl": 993, "starttls": 143}
 SMTP_PORTS = {"ssl": 465, "starttls": 587}
