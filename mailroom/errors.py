@@ -198,6 +198,14 @@ class OAuthTokenRefused(PermanentError):
     """The token endpoint refused the grant or the client (invalid_grant, invalid_client)."""
 
 
+class MailboxFolderMissing(PermanentError):
+    """The IMAP folder does not exist on the server (renamed, deleted, or a typo)."""
+
+
+class MailboxCertificateRejected(PermanentError):
+    """The IMAP server's TLS certificate did not verify (expired, another host's, unknown CA)."""
+
+
 class NatsConfigError(PermanentError):
     """NATS refused our stream or consumer configuration."""
 

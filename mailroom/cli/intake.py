@@ -76,6 +76,8 @@ def status() -> None:
         problem = ""
         if view.blocked_uid is not None:
             problem = f"UID {view.blocked_uid} {view.blocked_message_id or ''}".strip() + ": "
+        elif view.blocked_reason is not None:
+            problem = f"{view.blocked_reason}: "
         problem += view.last_error or ""
         until = view.lease_until if view.status == "processing" else view.next_retry_at
         table.add_row(

@@ -66,12 +66,20 @@ async def collect_status(settings: Settings) -> dict[str, Any]:
                     MailboxCursor.mailbox,
                     MailboxCursor.folder,
                     MailboxCursor.blocked_uid,
+                    MailboxCursor.blocked_reason,
                     MailboxCursor.last_error,
                 ).where(MailboxCursor.status == "blocked")
             )
             report["blocked_cursors"] = [
-                {"mailbox": m, "folder": f, "uid": uid, "error": (err or "")[:200]}
-                for m, f, uid, err in blocked.all()
+                {
+                    "mailbox": m,
+                    "folder": f,
+                    "uid": uid,
+                    "reason": reason,
+                    "error": (err or "")[:200],
+                    "unblock": f"mailroom intake unblock {m}",
+                }
+                for m, f, uid, reason, err in blocked.all()
             ]
             report["contract_violations"] = await _contract_violations(session)
             report["recognition_gate"] = await closed_gates(session)
@@ -190,11 +198,15 @@ def _print_work(report: dict[str, Any], console: Console) -> None:
 
     if report["blocked_cursors"]:
         blocked = Table(title="Blocked mailboxes", box=box.SIMPLE_HEAD)
-        for column in ("mailbox", "folder", "uid", "error"):
+        for column in ("mailbox", "folder", "stopped at", "error", "after fixing it"):
             blocked.add_column(column)
         for row in report["blocked_cursors"]:
             blocked.add_row(
-                escape(row["mailbox"]), escape(row["folder"]), str(row["uid"]), escape(row["error"])
+                escape(row["mailbox"]),
+                escape(row["folder"]),
+                row["reason"] or f"UID {row['uid']}",
+                escape(row["error"]),
+                escape(row["unblock"]),
             )
         console.print(blocked)
     if report["contract_violations"]:

@@ -150,13 +150,15 @@ async def record_batch_failure(
     counted: int | None = None,
     clock: DbClock = db_now,
     block_after: int | None = None,
+    reason: str | None = None,
 ) -> Failure:
     """Back the cursor off after a batch that could not run (IMAP down, login refused).
 
     ``counted``: the UID this poll counted its attempt at, given back here; attempts
     left over by dead workers stay (the batch never got to their mail).
     ``block_after``: block the cursor once this many failures in a row were recorded
-    (a cause no retry can cure, such as a revoked OAuth grant); None backs off forever.
+    (a cause that needs a person, such as a refused login), stored as ``reason``
+    (``blocked_reason``); None backs off forever.
     """
     text = describe_error(error)
     async with transaction(sessions) as session:
@@ -176,6 +178,7 @@ async def record_batch_failure(
                 status="blocked" if blocked else "failed",
                 next_retry_at=retry_at,
                 last_error=text,
+                blocked_reason=reason if blocked else None,
                 lease_id=None,
                 lease_until=None,
                 updated_at=now,
@@ -186,6 +189,6 @@ async def record_batch_failure(
                 session,
                 audit.CURSOR_BLOCKED,
                 target=claim.target,
-                detail={"uid": None, "retry_count": count, "error": text},
+                detail={"uid": None, "reason": reason, "retry_count": count, "error": text},
             )
     return Failure("blocked" if blocked else "failed", count, retry_at)

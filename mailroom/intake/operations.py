@@ -28,6 +28,7 @@ class CursorView:
     lease_until: datetime | None
     blocked_uid: int | None
     blocked_message_id: str | None
+    blocked_reason: str | None
     last_error: str | None
     updated_at: datetime
 
@@ -49,6 +50,7 @@ async def list_cursors(sessions: async_sessionmaker[AsyncSession]) -> list[Curso
                 lease_until=c.lease_until,
                 blocked_uid=c.blocked_uid,
                 blocked_message_id=c.blocked_message_id,
+                blocked_reason=c.blocked_reason,
                 last_error=c.last_error,
                 updated_at=c.updated_at,
             )
@@ -77,6 +79,7 @@ def _clear_failure(cursor: MailboxCursor, now: datetime) -> None:
     cursor.next_retry_at = None
     cursor.blocked_uid = None
     cursor.blocked_message_id = None
+    cursor.blocked_reason = None
     cursor.lease_id = None
     cursor.lease_until = None
     cursor.updated_at = now
@@ -96,6 +99,7 @@ async def unblock_mailbox(
             "previous_status": cursor.status,
             "blocked_uid": cursor.blocked_uid,
             "blocked_message_id": cursor.blocked_message_id,
+            "blocked_reason": cursor.blocked_reason,
             "retry_count": cursor.retry_count,
             "last_error": cursor.last_error,
         }

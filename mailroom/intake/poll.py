@@ -23,7 +23,6 @@ from mailroom.errors import (
     AppError,
     LeaseLost,
     MailFailed,
-    OAuthTokenRefused,
     UnknownMailbox,
     describe_error,
 )
@@ -32,6 +31,7 @@ from mailroom.intake import cursor_failures as failures
 from mailroom.intake.batch import BatchContext, BatchResult, Nudge, run_batch
 from mailroom.intake.cursor import Claim
 from mailroom.intake.lease import run_under_lease
+from mailroom.intake.refusals import blocked_message, refusal_reason
 from mailroom.settings import IntakeSettings, MailboxSettings
 
 logger = logging.getLogger(__name__)
@@ -199,10 +199,10 @@ async def _batch_failed(
 ) -> PollOutcome:
     claim = ctx.claim
     _log_failure(claim.mailbox, "batch failed", exc)
-    # A refused OAuth grant (revoked, expired refresh token, wrong client) never cures itself:
-    # retried like any batch failure, then blocked for an operator. A refused password may be
-    # a server's passing trouble (a lockout, its directory down) and keeps backing off.
-    grant_refused = any(isinstance(e, OAuthTokenRefused) for e in _causes(exc))
+    # A refused login (password or OAuth grant), a folder that is not there or a certificate
+    # that does not verify is retried like any batch failure, then blocked for an operator:
+    # backing off for ever would hide it. Anything else (server down, timeouts) backs off.
+    reason = refusal_reason(exc)
     try:
         failure = await failures.record_batch_failure(
             deps.sessions,
@@ -211,19 +211,18 @@ async def _batch_failed(
             max_backoff_s=settings.max_backoff_s,
             counted=ctx.attempt.uid,
             clock=deps.clock,
-            block_after=settings.max_retries if grant_refused else None,
+            block_after=settings.block_after_refusals if reason else None,
+            reason=reason,
         )
     except LeaseLost as lost:
         await _give_back(ctx, deps)
         return _lease_lost(claim.mailbox, lost)
-    if failure.status == "blocked":
+    if failure.status == "blocked" and reason is not None:
+        # One ERROR line: the log's and, through the logging integration, Sentry's one event.
         logger.error(
-            "Mailbox %s: blocked after %d refused logins (%s); "
-            "`mailroom intake unblock %s` after fixing its oauth settings",
-            claim.mailbox,
-            failure.retry_count,
+            "%s (%s)",
+            blocked_message(ctx.mailbox, reason, failure.retry_count),
             describe_error(exc)[:300],
-            claim.mailbox,
         )
         return PollOutcome(claim.mailbox, "blocked", describe_error(exc))
     logger.info(
@@ -233,16 +232,6 @@ async def _batch_failed(
         failure.next_retry_at,
     )
     return PollOutcome(claim.mailbox, "batch_failed", describe_error(exc))
-
-
-def _causes(exc: BaseException) -> list[BaseException]:
-    """``exc`` and the exceptions it was raised from."""
-    chain: list[BaseException] = []
-    current: BaseException | None = exc
-    while current is not None and current not in chain:
-        chain.append(current)
-        current = current.__cause__ or current.__context__
-    return chain
 
 
 def _log_failure(mailbox: str, what: str, exc: BaseException) -> None:

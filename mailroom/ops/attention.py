@@ -22,7 +22,9 @@ NEEDS_OPERATOR = {
     "messages_failed": "mailroom delivery status, then replay --id",
     "messages_partial_failed": "mailroom delivery status, then replay --id",
     "messages_uncertain": "mailroom delivery status, then replay --id",
-    "cursors_blocked": "mailroom intake unblock / reset",
+    "cursors_blocked": "mailroom intake status, then unblock / reset --uid",
+    "mailboxes_refused": "mailroom intake status (login, folder or certificate), "
+    "fix it, then mailroom intake unblock NAME",
 }
 
 #: The stages an item moves through, in order, with what ``oldest`` measures in each.
@@ -46,7 +48,10 @@ SELECT
   (SELECT count(*) FROM channel_message WHERE status = 'partial_failed')
     AS messages_partial_failed,
   (SELECT count(*) FROM channel_message WHERE status = 'uncertain') AS messages_uncertain,
-  (SELECT count(*) FROM mailbox_cursor WHERE status = 'blocked') AS cursors_blocked
+  (SELECT count(*) FROM mailbox_cursor WHERE status = 'blocked' AND blocked_reason IS NULL)
+    AS cursors_blocked,
+  (SELECT count(*) FROM mailbox_cursor WHERE status = 'blocked' AND blocked_reason IS NOT NULL)
+    AS mailboxes_refused
 FROM stored_file f
 JOIN recognition_job j ON j.id = f.current_recognition_job_id
 WHERE j.status IN ('dlq', 'timeout', 'error')

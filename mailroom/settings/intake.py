@@ -101,6 +101,9 @@ class IntakeSettings(StrictModel):
     #: Length of a mailbox lease, in seconds; the heartbeat renews it every third.
     lease_s: float = 60.0
     max_retries: int = 5
+    #: Polls in a row whose login, folder or server certificate is refused before the mailbox
+    #: is blocked for an operator (reason LOGIN_REFUSED, FOLDER_MISSING or TLS_UNVERIFIED).
+    block_after_refusals: int = Field(default=5, ge=1)
     max_backoff_s: float = 300.0
     max_attachment_bytes: int = 25 * 1024 * 1024
     max_mail_bytes: int = 50 * 1024 * 1024

@@ -139,8 +139,8 @@ async def test_refused_login_is_recorded_and_backed_off(intake_env):
     assert (await intake_env.poll()).reason == "backoff"
     intake_env.clock.advance(3)
     await intake_env.poll()
-    assert (await intake_env.cursor()).retry_count == 2, "refusals keep backing off"
-    assert (await intake_env.cursor()).status == "failed", "a batch failure never blocks"
+    assert (await intake_env.cursor()).retry_count == 2, "refusals back off"
+    assert (await intake_env.cursor()).status == "failed", "until block_after_refusals (5)"
 
 
 async def test_unreachable_server_is_a_retryable_batch_failure(intake_env):
@@ -178,7 +178,7 @@ async def test_connection_reset_during_logout_does_not_replace_the_real_error(in
 
     assert outcome.status == "batch_failed"
     cursor = await intake_env.cursor()
-    assert cursor.last_error.startswith("MailboxCommandFailed: SELECT"), cursor.last_error
+    assert cursor.last_error.startswith("MailboxFolderMissing: SELECT"), cursor.last_error
     (sock,) = ResetOnLogout.closed_sockets
     assert sock.fileno() == -1, "the socket is closed even though LOGOUT failed"
 

@@ -17,7 +17,13 @@ from mailroom.adapters.imap import ImapMailbox
 from mailroom.adapters.imap.client import TEMPORARY_LOGIN_CODES, _translate_errors
 from mailroom.adapters.imap.memory import MemoryServer
 from mailroom.devtools.dovecot import DovecotServer
-from mailroom.errors import MailboxCommandFailed, MailboxLoginRejected, MailboxUnavailable
+from mailroom.errors import (
+    MailboxCertificateRejected,
+    MailboxCommandFailed,
+    MailboxFolderMissing,
+    MailboxLoginRejected,
+    MailboxUnavailable,
+)
 from tests.fixtures.imap import SERVERS, make_mail, new_folder, on_every_server, server_named
 
 pytestmark = pytest.mark.integration
@@ -57,7 +63,7 @@ async def test_mailbox_reads_new_uids_in_order_and_fetches_them(mailbox_with_thr
             mails[2].replace(b"\r\n", b"\n"),
         ]
         assert all(m.internal_date is not None and m.internal_date.tzinfo for m in fetched)
-        with pytest.raises(MailboxCommandFailed):
+        with pytest.raises(MailboxFolderMissing):
             await box.select("no-such-folder")
     finally:
         await box.close()
@@ -283,7 +289,7 @@ async def test_starttls_with_the_servers_ca_connects(tls_server):
 async def test_starttls_refuses_a_certificate_it_cannot_verify(tls_server):
     box = ImapMailbox(tls_server.mailbox_settings("m", "INBOX", security="starttls"))
     try:
-        with pytest.raises(MailboxUnavailable, match="SSLCertVerificationError"):
+        with pytest.raises(MailboxCertificateRejected, match="certificate"):
             await box.connect()
     finally:
         await box.close()
@@ -353,7 +359,7 @@ async def test_implicit_tls_refuses_a_certificate_it_cannot_verify(tls_server, i
     settings = tls_server.mailbox_settings("m", "INBOX", security="ssl")
     box = ImapMailbox(settings.model_copy(update={"port": imaps_port}))
     try:
-        with pytest.raises(MailboxUnavailable, match="SSLCertVerificationError"):
+        with pytest.raises(MailboxCertificateRejected, match="certificate"):
             await box.connect()
     finally:
         await box.close()

@@ -149,7 +149,7 @@ async def test_a_grant_refused_every_time_blocks_the_mailbox_until_an_operator_u
     intake_env.settings.intake.mailboxes[0] = oauth_mailbox(
         intake_env.server, intake_env.folder, token_endpoint
     )
-    intake_env.settings.intake.max_retries = 2
+    intake_env.settings.intake.block_after_refusals = 2
     (uid,) = intake_env.append(csv_mail(1))
     token_endpoint.script.extend([TokenReply(400, {"error": "invalid_grant"})] * 2)
 
@@ -161,6 +161,7 @@ async def test_a_grant_refused_every_time_blocks_the_mailbox_until_an_operator_u
     cursor = await intake_env.cursor()
     assert (cursor.status, cursor.retry_count, cursor.next_retry_at) == ("blocked", 2, None)
     assert cursor.last_error.startswith("OAuthTokenRefused")
+    assert cursor.blocked_reason == "LOGIN_REFUSED"
     (event,) = await intake_env.audit("intake.cursor_blocked")
     assert event.detail["retry_count"] == 2 and "invalid_grant" in event.detail["error"]
     intake_env.clock.advance(3600)

@@ -32,7 +32,9 @@ from mailroom.adapters import oauth
 from mailroom.adapters.imap import idle
 from mailroom.adapters.imap.mailbox import CLOSE_WAIT_S, FetchedMail, filter_uids_above
 from mailroom.errors import (
+    MailboxCertificateRejected,
     MailboxCommandFailed,
+    MailboxFolderMissing,
     MailboxLoginRejected,
     MailboxUnavailable,
     RetryableError,
@@ -52,6 +54,10 @@ SEEN = "\\Seen"
 #: is busy, or the user holds too many connections (Dovecot's mail_max_userip_connections).
 TEMPORARY_LOGIN_CODES = ("[UNAVAILABLE]", "[LIMIT]", "[INUSE]", "[SERVERBUG]")
 
+#: How servers say a SELECTed folder is not there: the RFC 5530 code (pymap), or Dovecot's
+#: text, which comes without it.
+MISSING_FOLDER_MARKS = ("[NONEXISTENT]", "doesn't exist", "does not exist", "no such mailbox")
+
 
 @contextmanager
 def _translate_errors(what: str) -> Iterator[None]:
@@ -65,6 +71,8 @@ def _translate_errors(what: str) -> Iterator[None]:
         raise MailboxUnavailable(f"{what}: {_short(exc)}") from exc
     except imaplib.IMAP4.error as exc:
         raise MailboxCommandFailed(f"{what}: {_short(exc)}") from exc
+    except ssl.SSLCertVerificationError as exc:  # before OSError, which it is too
+        raise MailboxCertificateRejected(f"{what}: {exc.verify_message or _short(exc)}") from exc
     except (OSError, EOFError) as exc:  # socket errors, timeouts, TLS failures
         raise MailboxUnavailable(f"{what}: {type(exc).__name__}: {_short(exc)}") from exc
 
@@ -159,7 +167,12 @@ class ImapMailbox:
 
     async def select(self, folder: str) -> int:
         self._folder = folder
-        info = await self._call(f"SELECT {folder!r}", _select, self._require(), folder)
+        try:
+            info = await self._call(f"SELECT {folder!r}", _select, self._require(), folder)
+        except MailboxCommandFailed as exc:
+            if any(mark.lower() in str(exc).lower() for mark in MISSING_FOLDER_MARKS):
+                raise MailboxFolderMissing(str(exc)) from exc
+            raise
         permanent = info.get(b"PERMANENTFLAGS")
         self._permanent_flags = None if permanent is None else [_text(f) for f in permanent]
         uidnext = info.get(b"UIDNEXT")

@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from mailroom.adapters.imap.mailbox import FetchedMail, MailboxFactory, filter_uids_above
 from mailroom.errors import (
     MailboxCommandFailed,
+    MailboxFolderMissing,
     MailboxLoginRejected,
     MailboxUnavailable,
 )
@@ -53,7 +54,7 @@ class InMemoryMailbox:
 
     async def select(self, folder: str) -> int:
         if folder not in self.server.folders:
-            raise MailboxCommandFailed(f"SELECT {folder!r}: no such folder")
+            raise MailboxFolderMissing(f"SELECT {folder!r}: [NONEXISTENT] no such folder")
         self._folder = self.server.folders[folder]
         return self._folder.uidvalidity
 

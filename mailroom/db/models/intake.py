@@ -59,6 +59,9 @@ class MailboxCursor(Base):
     next_retry_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     blocked_uid: Mapped[int | None] = mapped_column(BigInteger)
     blocked_message_id: Mapped[str | None] = mapped_column(Text)
+    #: Why the whole mailbox is blocked (``LOGIN_REFUSED``, ``FOLDER_MISSING``,
+    #: ``TLS_UNVERIFIED``); empty when it is blocked at a mail (``blocked_uid``) or not at all.
+    blocked_reason: Mapped[str | None] = mapped_column(String(40))
     last_error: Mapped[str | None] = mapped_column(Text)
     #: Claims in a row that stood at this ``last_uid`` and never recorded an end (the worker died).
     attempt_uid: Mapped[int | None] = mapped_column(BigInteger)
