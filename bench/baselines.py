@@ -68,7 +68,7 @@ async def relay(
 
     engine = create_engine(settings.database)
     sessions = create_sessionmaker(engine)
-    nc = await nats_py.connect(settings.nats.url)
+    nc = await nats_py.connect(servers=settings.nats.server_urls)
     subject = settings.nats.subject(settings.nats.tabular_subject)
     done = 0
     started = time.perf_counter()

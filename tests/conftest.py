@@ -68,7 +68,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 
 #: Folders whose tests run whole Mailroom systems (several processes and servers each).
-_SYSTEM_TESTS = ("faults", "e2e")
+_SYSTEM_TESTS = ("faults", "e2e", "cluster")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

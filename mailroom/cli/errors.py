@@ -226,7 +226,9 @@ def _nats(exc: BaseException) -> Failure | None:
 
     from mailroom.errors import NatsUnavailable
 
-    variable = "MAILROOM_NATS__URL" + _configured(lambda s: s.nats.url)
+    variable = "MAILROOM_NATS__URL or MAILROOM_NATS__SERVERS" + _configured(
+        lambda s: ", ".join(s.nats.server_urls)
+    )
     if isinstance(exc, nats.errors.AuthorizationError):
         return _unavailable("NATS refused the login", str(exc), variable, "Check the credentials.")
     if isinstance(exc, NatsUnavailable | nats.errors.NoServersError):

@@ -73,7 +73,7 @@ def check(
     settings = load_settings("cli")
     if nats_url:
         settings = settings.model_copy(
-            update={"nats": settings.nats.model_copy(update={"url": nats_url})}
+            update={"nats": settings.nats.model_copy(update={"url": nats_url, "servers": []})}
         )
     timeouts = CheckTimeouts(ack_s=ack_timeout_s, result_s=result_timeout_s)
     store = build_store(settings)

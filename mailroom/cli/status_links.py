@@ -13,7 +13,7 @@ import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NatsConnection
 
-from mailroom.adapters.nats.login import connect_error, connect_options
+from mailroom.adapters.nats.login import connect_error, connect_options, server_urls
 from mailroom.errors import AppError
 from mailroom.settings import Settings
 
@@ -27,6 +27,11 @@ async def jetstream_state(settings: Settings) -> dict[str, Any]:
     if not nats_settings.jetstream:
         return {"enabled": False}
     report: dict[str, Any] = {"enabled": True, "stream_name": nats_settings.stream_name}
+    try:
+        servers = server_urls(nats_settings)
+    except AppError as exc:
+        report["error"] = str(exc)
+        return report
     nc = NatsConnection()
 
     async def quiet(exc: Exception) -> None:
@@ -35,7 +40,7 @@ async def jetstream_state(settings: Settings) -> dict[str, Any]:
     try:
         await asyncio.wait_for(
             nc.connect(
-                servers=[nats_settings.url],
+                servers=servers,
                 name="mailroom-status",
                 **connect_options(nats_settings),
                 connect_timeout=nats_settings.connect_timeout_s,  # type: ignore[arg-type]

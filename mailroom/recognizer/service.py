@@ -27,7 +27,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from pydantic import ValidationError
 
-from mailroom.adapters.nats.login import connect_options
+from mailroom.adapters.nats.login import connect_options, server_urls
 from mailroom.adapters.storage import ObjectStore, build_store
 from mailroom.errors import (
     AppError,
@@ -144,12 +144,13 @@ class ReferenceRecognizer:
                 self.connection_lost.set()
 
         nats_settings = self.settings.nats
+        servers = server_urls(nats_settings)
         # NOTE: bounded as a whole: after a failed TLS handshake nats-py never returns.
         budget_s = MAX_RECONNECT_ATTEMPTS * (RECONNECT_WAIT_S + nats_settings.connect_timeout_s)
         try:
             self._nc = await asyncio.wait_for(
                 nats.connect(
-                    nats_settings.url,
+                    servers,
                     name=self.service.name,
                     connect_timeout=nats_settings.connect_timeout_s,
                     reconnect_time_wait=RECONNECT_WAIT_S,
@@ -162,7 +163,8 @@ class ReferenceRecognizer:
             )
         except TimeoutError as exc:
             raise NatsUnavailable(
-                f"connect {scrub_text(nats_settings.url, ())}: no connection in {budget_s:g} s"
+                f"connect {', '.join(scrub_text(url, ()) for url in servers)}: "
+                f"no connection in {budget_s:g} s"
             ) from exc
         queue = self.settings.nats.recognizer_queue_group
         for subject in self.request_subjects:

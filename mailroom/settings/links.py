@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import SecretStr, model_validator
+from pydantic import Field, SecretStr, model_validator
 
 from mailroom.settings.base import (
     DEV_NATS_PORT,
@@ -108,8 +108,11 @@ class BrokerSettings(StrictModel):
 
 
 class NatsSettings(StrictModel):
-    #: ``tls://`` requires TLS; a server that asks for TLS gets it with ``nats://`` too.
+    #: One server. ``tls://`` requires TLS; a server that asks for TLS gets it with ``nats://`` too.
     url: str = f"nats://127.0.0.1:{DEV_NATS_PORT}"
+    #: Several servers of one cluster (each spelled as ``url``); when given, ``url`` is unused.
+    #: The client learns the cluster's other servers from the ones it reaches.
+    servers: list[str] = []
     #: Login by user and password (the server's ``authorization`` or an account's user).
     user: str = ""
     password: SecretStr = SecretStr("")
@@ -123,6 +126,12 @@ class NatsSettings(StrictModel):
     tls: TlsFiles = TlsFiles()
     jetstream: bool = True
     stream_name: str = "MAILROOM_FILES"
+    #: Copies of the stream Mailroom creates, in servers (3 on a cluster). An existing stream
+    #: with another count is refused, never changed.
+    stream_replicas: int = Field(default=1, ge=1, le=5)
+    #: Create the stream and the inbox consumer when missing and add the subjects the stream
+    #: lacks; false: only check that both exist (a runtime user without stream-admin rights).
+    manage_stream: bool = True
     #: JetStream duplicate window for ``Nats-Msg-Id`` dedupe, in seconds.
     duplicate_window_s: int = 600
     subject_prefix: str = ""
@@ -162,6 +171,11 @@ class NatsSettings(StrictModel):
 
     def subject(self, name: str) -> str:
         return f"{self.subject_prefix}{name}"
+
+    @property
+    def server_urls(self) -> list[str]:
+        """The servers to connect to: ``servers`` when given, else ``url``."""
+        return list(self.servers) if self.servers else [self.url]
 
     @model_validator(mode="after")
     def _check_login(self) -> NatsSettings:

@@ -13,12 +13,10 @@ import logging
 from collections.abc import Sequence
 
 import nats.errors
-import nats.js.errors
 from nats.aio.client import Client as NatsConnection
 from nats.js import JetStreamContext
-from nats.js.api import StorageType, StreamConfig
 
-from mailroom.adapters.nats.login import connect_error, connect_options
+from mailroom.adapters.nats.login import connect_error, connect_options, server_urls
 from mailroom.adapters.nats.publisher import (
     OutgoingMessage,
     PublishAck,
@@ -26,6 +24,7 @@ from mailroom.adapters.nats.publisher import (
     publish_core,
     publish_jetstream,
 )
+from mailroom.adapters.nats.stream import ensure_stream
 from mailroom.adapters.nats.subscriptions import (
     ResultSubscription,
     subscribe_core,
@@ -40,9 +39,6 @@ logger = logging.getLogger(__name__)
 
 #: Errors of the first connection kept to explain its failure.
 MAX_CONNECT_ERRORS = 20
-
-#: JetStream API error code for "stream name already in use" (with another config).
-STREAM_NAME_IN_USE = 10058
 
 
 class NatsClient:
@@ -80,6 +76,7 @@ class NatsClient:
         """Connect (a few quick attempts), then reconnect forever; ensure the stream."""
         if self._nc is not None:
             return
+        servers = server_urls(self.settings)
         self._closing = False
         self._connect_errors = []
         nc = NatsConnection()
@@ -88,7 +85,7 @@ class NatsClient:
             # for the dead stream to close (seen with a server certificate from another CA).
             await asyncio.wait_for(
                 nc.connect(
-                    servers=[self.settings.url],
+                    servers=servers,
                     name=self.name,
                     **connect_options(self.settings),
                     connect_timeout=self.settings.connect_timeout_s,  # type: ignore[arg-type]
@@ -145,22 +142,8 @@ class NatsClient:
                 await nc.close()
 
     async def ensure_stream(self) -> None:
-        """Create (or align) the stream over request and result subjects."""
-        js = self._require_js()
-        config = StreamConfig(
-            name=self.settings.stream_name,
-            subjects=self.stream_subjects,
-            duplicate_window=float(self.settings.duplicate_window_s),
-            max_age=self.settings.stream_max_age_s,
-            storage=StorageType.FILE,
-        )
-        with translate_errors(f"stream {self.settings.stream_name}"):
-            try:
-                await js.add_stream(config)
-            except nats.js.errors.BadRequestError as exc:
-                if exc.err_code != STREAM_NAME_IN_USE:
-                    raise
-                await js.update_stream(config)
+        """Create the stream over request and result subjects when missing (``stream``)."""
+        await ensure_stream(self._require_js(), self.settings, self.stream_subjects)
 
     async def publish(self, message: OutgoingMessage) -> PublishAck:
         """Publish one message and confirm it (flush or JetStream ack)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ssl
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 import nats.errors
 
@@ -13,6 +14,52 @@ from mailroom.adapters.tls import client_context
 from mailroom.errors import NatsUnavailable
 from mailroom.process.observability import scrub_text
 from mailroom.settings import NatsSettings
+
+#: URL schemes nats-py connects with: TCP ones or websocket ones, never mixed in one list.
+TCP_SCHEMES = ("nats", "tls")
+WEBSOCKET_SCHEMES = ("ws", "wss")
+
+
+def server_urls(settings: NatsSettings) -> list[str]:
+    """The servers to connect to, each checked, so a bad one fails in one line.
+
+    nats-py fails on a URL it cannot parse with an error its own cleanup then hides
+    (an ``AssertionError``); the check here names the setting instead.
+
+    Raises:
+        NatsUnavailable: a server URL is malformed, or the list mixes TCP and websocket.
+    """
+    setting = "nats.servers" if settings.servers else "nats.url"
+    urls = settings.server_urls
+    if not urls:
+        raise NatsUnavailable(f"{setting} is empty: give at least one nats://host:port")
+    for url in urls:
+        problem = _url_problem(url)
+        if problem:
+            hint = "; give several servers as nats.servers" if "," in url else ""
+            raise NatsUnavailable(
+                f"{setting}: {scrub_text(url, ())!r} is not a NATS server URL ({problem}){hint}"
+            )
+    schemes = {urlsplit(url).scheme for url in urls}
+    if not (schemes <= set(TCP_SCHEMES) or schemes <= set(WEBSOCKET_SCHEMES)):
+        raise NatsUnavailable(f"{setting}: mixes websocket and nats/tls URLs; use one kind")
+    return urls
+
+
+def _url_problem(url: str) -> str:
+    """Why ``url`` is not ``scheme://[user@]host[:port]``, or empty when it is."""
+    if "," in url or any(char.isspace() for char in url):
+        return "one server per entry"
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError on a port that is no number
+    except ValueError as exc:
+        return str(exc)
+    if parts.scheme not in TCP_SCHEMES + WEBSOCKET_SCHEMES:
+        return "scheme must be nats://, tls://, ws:// or wss://"
+    if not parts.hostname:
+        return "no host"
+    return ""
 
 
 def connect_options(settings: NatsSettings) -> dict[str, Any]:
@@ -27,7 +74,7 @@ def connect_options(settings: NatsSettings) -> dict[str, Any]:
         options["nkeys_seed"] = str(settings.nkey_seed_file)
     if settings.creds_file is not None:
         options["user_credentials"] = str(settings.creds_file)
-    if settings.tls.given or settings.url.startswith("tls://"):
+    if settings.tls.given or any(url.startswith("tls://") for url in settings.server_urls):
         options["tls"] = client_context(settings.tls)
     return options
 
@@ -40,7 +87,7 @@ def connect_error(
     ``exc`` ended the attempts; ``seen`` are the attempts' own errors, which say more (a
     refused login ends as "no servers"). The URL's password is masked.
     """
-    where = scrub_text(settings.url, ())
+    where = ", ".join(scrub_text(url, ()) for url in settings.server_urls)
     errors = [*seen, exc]
     if any(_is_login_refused(error) for error in errors):
         return NatsUnavailable(

@@ -53,9 +53,14 @@ async def subscribe_pull(js: JetStreamContext, settings: NatsSettings) -> Result
         filter_subject=subject,
     )
     with translate_errors(f"consumer {s.inbox_durable}"):
-        sub = await js.pull_subscribe(
-            subject, durable=s.inbox_durable, stream=s.stream_name, config=config
-        )
+        if not s.manage_stream:
+            # The operator owns the consumer (ensure_stream checked it exists): bind only.
+            sub = await js.pull_subscribe_bind(s.inbox_durable, stream=s.stream_name)
+        else:
+            # Binds to an existing consumer as it is; creates it only when missing.
+            sub = await js.pull_subscribe(
+                subject, durable=s.inbox_durable, stream=s.stream_name, config=config
+            )
     return _PullSubscription(sub)
 
 

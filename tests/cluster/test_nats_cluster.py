@@ -1,0 +1,136 @@
+"""Mailroom on a three-server NATS cluster: an operator's stream is kept, a lost seed is ridden."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import nats as nats_py
+import pytest
+from nats.js.api import StreamConfig
+
+from actors.recognition import apply_recognition_messages
+from bridges.nats import NatsBridge
+from mailroom.adapters.nats import NatsClient
+from mailroom.errors import NatsConfigError
+from mailroom.settings import NatsSettings
+from tests.fixtures.recognition import make_settings
+
+pytestmark = pytest.mark.cluster
+
+#: Longest the tests wait for a flow to finish after a node was killed, in seconds.
+RECOVERY_BOUND_S = 30.0
+
+
+def _settings(urls, **changes) -> NatsSettings:
+    tag = uuid.uuid4().hex[:10]
+    return NatsSettings(
+        servers=urls,
+        stream_name=f"OPS_{tag}",
+        inbox_durable=f"inbox_{tag}",
+        subject_prefix=f"t{tag}.",
+        connect_timeout_s=1.0,
+        reconnect_wait_s=0.2,
+        bridge_fetch_timeout_s=0.2,
+        **changes,
+    )
+
+
+async def test_an_operators_r3_stream_survives_a_mailroom_connect(nats_cluster):
+    # Given an operator's R3 stream with its own limits and an extra subject
+    settings = _settings(nats_cluster.urls, stream_replicas=3)
+    nc = await nats_py.connect(servers=nats_cluster.urls)
+    js = nc.jetstream()
+    prefix = settings.subject_prefix
+    operator_subjects = [f"{prefix}files.tabular_uploaded", f"{prefix}audit.>"]
+    await js.add_stream(
+        StreamConfig(
+            name=settings.stream_name,
+            subjects=operator_subjects,
+            num_replicas=3,
+            max_age=3600.0,
+            duplicate_window=120.0,
+        )
+    )
+    try:
+        # When Mailroom connects (creating what it needs)
+        client = NatsClient(settings, name="cluster-test")
+        await client.connect()
+        await client.close()
+
+        # Then the stream is as the operator made it, plus the subjects Mailroom lacked
+        config = (await js.stream_info(settings.stream_name)).config
+        assert config.num_replicas == 3
+        assert config.max_age == 3600.0
+        assert config.duplicate_window == 120.0
+        assert set(config.subjects) == {
+            *operator_subjects,
+            f"{prefix}files.img_uploaded",
+            f"{prefix}files.tabular_parsed",
+        }
+
+        # And a Mailroom that asks for one replica is refused in one line, the stream untouched
+        lone = NatsClient(settings.model_copy(update={"stream_replicas": 1}))
+        with pytest.raises(NatsConfigError, match=r"has 3 replicas and nats\.stream_replicas is 1"):
+            await lone.connect()
+        assert (await js.stream_info(settings.stream_name)).config.num_replicas == 3
+    finally:
+        await js.delete_stream(settings.stream_name)
+        await nc.close()
+
+
+async def test_a_bridge_rides_the_loss_of_its_only_seed_server(
+    nats_cluster, database_url, tmp_path, stub_broker
+):
+    # Given a bridge that knows one server of the cluster, on an R3 stream
+    seed = nats_cluster.nodes[0]
+    settings = make_settings(database_url=database_url, tmp_path=tmp_path)
+    settings.nats = _settings([seed.url], stream_replicas=3)
+    bridge = NatsBridge(
+        NatsClient(settings.nats), apply_recognition_messages.send, settings=settings
+    )
+    task = asyncio.create_task(bridge.run())
+    await asyncio.wait_for(bridge.ready.wait(), 30)
+    others = [node.url for node in nats_cluster.nodes[1:]]
+    nc = await nats_py.connect(servers=others)
+    js = nc.jetstream()
+    subject = settings.nats.subject(settings.nats.results_subject)
+    total = 400
+    try:
+        # When results flow and the seed server is killed halfway
+        for n in range(total):
+            if n == total // 2:
+                seed.kill()
+            await _publish(js, subject, n)
+        # Then every result reaches the inbox queue once
+        deadline = time.monotonic() + RECOVERY_BOUND_S
+        while bridge.forwarded < total and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        ids = [
+            item["headers"]["Nats-Msg-Id"]
+            for message in list(stub_broker.queues["inbox"].queue)
+            for item in _items(message)
+        ]
+        assert len(set(ids)) == total, f"lost {total - len(set(ids))}"
+        assert len(ids) == total, f"duplicated {len(ids) - len(set(ids))}"
+    finally:
+        bridge.stop()
+        await asyncio.wait_for(task, 30)
+        await nc.close()
+
+
+async def _publish(js, subject: str, n: int) -> None:
+    """Publish until the stream acknowledges (a leader election in between is retried)."""
+    while True:
+        try:
+            await js.publish(subject, b"{}", headers={"Nats-Msg-Id": f"r:{n}"}, timeout=2.0)
+            return
+        except (nats_py.errors.Error, TimeoutError):
+            await asyncio.sleep(0.1)
+
+
+def _items(message):
+    import json
+
+    return json.loads(message)["args"][0]
