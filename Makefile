@@ -11,9 +11,10 @@ fmt: ## Format and autofix
 	uv run ruff format .
 	uv run ruff check --fix .
 
-lint: ## Ruff, formatting, layering contracts, strict types and migration drift
+lint: ## Ruff, formatting, the CI workflow (actionlint), layering contracts, strict types and migration drift
 	uv run ruff check .
 	uv run ruff format --check .
+	uv run actionlint
 	uv run lint-imports
 	uv run mypy
 	uv run python -m mailroom.devtools.ci_checks alembic-check
