@@ -15,7 +15,7 @@ from actors.recognition import publish_recognition_requests
 from mailroom import queues as actor_names
 from mailroom.config_store import effective
 from mailroom.intake.pending import mark_polls_queued
-from mailroom.intake.poll import IntakeDeps, find_mailbox
+from mailroom.intake.poll import IntakeDeps
 from mailroom.intake.poll import poll_mailbox as poll
 from mailroom.recognition.outbox import window
 from mailroom.settings import IntakeSettings
@@ -69,11 +69,9 @@ async def poll_mailbox(mailbox: str) -> None:
         # the pass: asked here too, every poll cost two Redis round trips and made the passes
         # of a backlog look for settled stored mails over and over.
         await request_notification_pass()
-    watch = result is not None and result.ingested and find_mailbox(intake, mailbox).idle
-    if outcome.more_waiting or watch:
+    if outcome.more_waiting:
         # More mail waits: the next batch goes to the back of the queue, after the other
-        # mailboxes' turns. Mail came in on a mailbox with IDLE: its next poll waits for the
-        # next mail instead of the scheduler's next tick. Without IDLE, the tick polls again.
+        # mailboxes' turns. New mail is announced to the watcher, which sends the next poll.
         await _send_polls(sessions, intake, [mailbox])
 
 
@@ -82,7 +80,9 @@ async def _send_polls(
 ) -> None:
     """Send a poll to each of ``names`` that has none queued or running (``intake.pending``)."""
     folders = {m.name: m.folder for m in intake.mailboxes if m.enabled and m.name in names}
-    marked = await mark_polls_queued(sessions, list(folders.items()), lost_after_s=intake.lease_s)
+    marked = await mark_polls_queued(
+        sessions, list(folders.items()), lost_after_s=intake.poll_lost_after_s
+    )
     # In the order given (the configured one), so each pass serves the mailboxes alike.
     due = [name for name in names if name in marked]
     await asyncio.to_thread(lambda: [poll_mailbox.send(name) for name in due])

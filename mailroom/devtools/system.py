@@ -126,7 +126,6 @@ def system_env(
         **demo_mailbox("e2e", imap.host, imap.port),
         "folder": folder,
         "idle": idle,
-        "idle_timeout_s": 5,
         "batch_size": 25,
     }
     env.update(

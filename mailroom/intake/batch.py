@@ -111,11 +111,9 @@ async def _read_folder(ctx: BatchContext, connection: Mailbox) -> BatchResult:
     uidvalidity = await connection.select(ctx.mailbox.folder)
     above = await adopt_uidvalidity(ctx.sessions, ctx.claim, uidvalidity)
     result = BatchResult(uidvalidity=uidvalidity, highest_uid=above)
+    # A poll reads what is there and ends: new mail is announced to the watcher
+    # (``mailroom bridge imap``), which sends the next poll, never waited for here.
     uids = await connection.uids_above(above)
-    if not uids and ctx.mailbox.idle:
-        if await connection.idle(ctx.mailbox.idle_timeout_s):
-            logger.debug("Mailbox %s: IDLE announced new mail", ctx.mailbox.name)
-        uids = await connection.uids_above(above)
     result.setup_s = time.monotonic() - started
     result.more_waiting = len(uids) > ctx.mailbox.batch_size
     uids = uids[: ctx.mailbox.batch_size]

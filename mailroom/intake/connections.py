@@ -11,8 +11,11 @@ every call on it returned; one that failed, or whose call was cancelled, is clos
 
 A connection is opened only when none of its account is kept, so a worker holds no
 more per account than its polls used at once (its threads), as it did before; at most
-``MAX_IDLE_PER_ACCOUNT`` wait, for at most ``KEEP_S`` (far under the 30 minutes RFC 3501
-lets a server keep an idle session). ``aclose`` logs them out when the worker stops.
+``MAX_IDLE_PER_ACCOUNT`` wait per account and ``MAX_KEPT`` in all (the least recently
+given back are logged out first: 1,000 one-folder accounts would otherwise keep 1,000
+sockets, past the default limit of open files), each for at most ``KEEP_S`` (far under the
+30 minutes RFC 3501 lets a server keep an idle session). ``aclose`` logs them out when the
+worker stops.
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ T = TypeVar("T")
 #: Connections kept per account when no poll uses them: a worker's threads (8 by default),
 #: so polls that end together and the next ones that start together need no new login.
 MAX_IDLE_PER_ACCOUNT = 8
+#: Connections kept in all, whatever their accounts: a process's share of the open files.
+MAX_KEPT = 64
 #: How long a kept connection may wait for its next poll, in seconds.
 KEEP_S = 300.0
 
@@ -72,10 +77,12 @@ class ConnectionPool:
         *,
         keep_s: float = KEEP_S,
         max_idle: int = MAX_IDLE_PER_ACCOUNT,
+        max_kept: int = MAX_KEPT,
     ) -> None:
         self._connect = connect
         self.keep_s = keep_s
         self.max_idle = max_idle
+        self.max_kept = max_kept
         self._kept: dict[str, list[_Kept]] = {}
         self._stale: list[Mailbox] = []
         self.closed = False
@@ -112,7 +119,26 @@ class ConnectionPool:
                 self._kept[account] = fresh
             else:
                 del self._kept[account]
+        stale += self._evict_least_recent()
         await _close_all(stale)
+
+    def _evict_least_recent(self) -> list[Mailbox]:
+        """Take out the connections over ``max_kept``, those given back longest ago."""
+        kept = sorted(
+            (
+                (entry.since, account, entry)
+                for account, entries in self._kept.items()
+                for entry in entries
+            ),
+            key=lambda item: item[0],
+        )
+        evicted = []
+        for _, account, entry in kept[: max(0, len(kept) - self.max_kept)]:
+            self._kept[account].remove(entry)
+            if not self._kept[account]:
+                del self._kept[account]
+            evicted.append(entry.mailbox)
+        return evicted
 
     async def aclose(self) -> None:
         """Log every kept connection out; later give-backs close theirs."""
@@ -200,9 +226,6 @@ class PooledMailbox:
 
     async def fetch_headers(self, uids: list[int]) -> list[FetchedMail]:
         return await self._run(self._require().fetch_headers(uids))
-
-    async def idle(self, timeout_s: float) -> bool:
-        return await self._run(self._require().idle(timeout_s))
 
     async def add_flags(self, uids: list[int], flag: str) -> None:
         await self._run(self._require().add_flags(uids, flag))

@@ -46,9 +46,12 @@ class MailboxSettings(StrictModel):
     #: poll's fetches overlap its ingest only from its second chunk on: 50 mails a poll read
     #: a backlog at under half the rate of 500.
     batch_size: int = 500
+    #: Watched by the IMAP bridge (``mailroom bridge imap``: NOTIFY or IDLE), which sends a
+    #: poll when the server announces new mail; false: read only at the scheduler's passes.
     idle: bool = True
-    #: Longest IDLE wait when nothing is new, in seconds.
-    idle_timeout_s: float = 10.0
+    #: Longest one IDLE of the watcher lasts before it is ended and begun again (servers drop
+    #: an IDLE after 30 minutes; a silent connection is noticed by then), in seconds.
+    idle_timeout_s: float = Field(default=300.0, gt=0)
     #: A mailbox of real mail: the reference recognizer (``mailroom recognizer``) refuses to
     #: start beside it outside ``mailroom dev``.
     real: bool = False
@@ -100,6 +103,9 @@ class IntakeSettings(StrictModel):
     mailboxes: list[MailboxSettings] = Field(default_factory=list)
     #: Length of a mailbox lease, in seconds; the heartbeat renews it every third.
     lease_s: float = 60.0
+    #: A poll sent and not yet started after this long is taken for a lost message and sent
+    #: again, in seconds. Not tied to lease_s: a poll may wait behind a long intake queue.
+    poll_lost_after_s: float = Field(default=900.0, gt=0)
     max_retries: int = 5
     #: Polls in a row whose login, folder or server certificate is refused before the mailbox
     #: is blocked for an operator (reason LOGIN_REFUSED, FOLDER_MISSING or TLS_UNVERIFIED).

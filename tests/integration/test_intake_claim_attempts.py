@@ -148,10 +148,16 @@ async def test_fewer_deaths_than_the_maximum_still_read_the_mail_and_progress_re
     assert await stored_uids(intake_env) == [killer, after]
 
 
-async def test_a_claim_and_an_idle_wait_count_no_attempt(intake_env):
-    """A death while a poll waits for mail charges nothing: its mailbox never blocks for it."""
-    intake_env.settings.intake.mailboxes[0].idle = True
-    intake_env.settings.intake.mailboxes[0].idle_timeout_s = 30
+class SlowLogin(ImapMailbox):
+    """The real adapter, with a server that takes its time to log in."""
+
+    async def connect(self) -> None:
+        await asyncio.sleep(30)
+
+
+async def test_a_claim_and_a_poll_before_its_mail_count_no_attempt(intake_env):
+    """A death before a poll found its mail charges nothing: its mailbox never blocks for it."""
+    intake_env.append(csv_mail(1))
     claim = await cursors.claim_cursor(
         intake_env.sessions,
         mailbox="box",
@@ -162,16 +168,16 @@ async def test_a_claim_and_an_idle_wait_count_no_attempt(intake_env):
     assert isinstance(claim, cursors.Claim)
     assert (await intake_env.cursor()).attempt_count == 0
 
-    poll = asyncio.create_task(intake_env.poll())
+    poll = asyncio.create_task(intake_env.poll(connect=SlowLogin))
     intake_env.clock.advance(intake_env.settings.intake.lease_s + 1)  # the first claim died
-    for _ in range(200):  # until the poll's claim is committed; it then waits in IDLE
+    for _ in range(200):  # until the poll's claim is committed; it then waits for its login
         await asyncio.sleep(0.05)
         async with intake_env.sessions() as session:
             lease = await session.scalar(text("SELECT lease_id FROM mailbox_cursor"))
         if lease is not None and lease != claim.lease_id:
             break
     await asyncio.sleep(0.5)
-    assert (await intake_env.cursor()).attempt_count == 0, "waiting in IDLE counts nothing"
+    assert (await intake_env.cursor()).attempt_count == 0, "a claim counts nothing"
     poll.cancel()
     with pytest.raises(asyncio.CancelledError):
         await poll

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import threading
 import uuid
 
 import pytest
@@ -142,10 +141,15 @@ async def test_lost_lease_stops_the_batch_at_the_next_fence(intake_env):
     assert [m.uid for m in await intake_env.mails()] == uids
 
 
+class SlowLogin(ImapMailbox):
+    """The real adapter, with a server that takes its time to log in."""
+
+    async def connect(self) -> None:
+        await asyncio.sleep(30)
+
+
 async def test_heartbeat_that_cannot_renew_cancels_only_the_batch(intake_env):
     intake_env.settings.intake.lease_s = 0.3
-    intake_env.settings.intake.mailboxes[0].idle = True
-    intake_env.settings.intake.mailboxes[0].idle_timeout_s = 5.0
 
     async def steal_soon() -> None:
         # Steal only once the poll holds the lease (under load the claim can come late).
@@ -160,7 +164,7 @@ async def test_heartbeat_that_cannot_renew_cancels_only_the_batch(intake_env):
 
     thief = asyncio.create_task(steal_soon())
     started = asyncio.get_running_loop().time()
-    outcome = await intake_env.poll()  # waits in IDLE until the heartbeat gives up
+    outcome = await intake_env.poll(connect=SlowLogin)  # waits until the heartbeat gives up
     await thief
 
     assert outcome.status == "lease_lost"
@@ -183,37 +187,6 @@ async def test_first_polls_racing_to_create_the_cursor_both_survive(intake_env):
     outcomes = await asyncio.gather(intake_env.poll(), intake_env.poll())
     assert sorted(o.status for o in outcomes) in (["done", "skipped"], ["done", "done"])
     assert (await intake_env.cursor()).status == "idle"
-
-
-@on_every_server
-async def test_idle_wakes_up_when_a_mail_arrives(intake_env, monkeypatch):
-    box = intake_env.settings.intake.mailboxes[0]
-    box.idle, box.idle_timeout_s = True, 20.0
-    loop = asyncio.get_running_loop()
-
-    idling = threading.Event()
-    original_idle = ImapMailbox._idle
-
-    def spy_idle(self, timeout_s):
-        idling.set()
-        return original_idle(self, timeout_s)
-
-    monkeypatch.setattr(ImapMailbox, "_idle", spy_idle)
-
-    async def deliver_later() -> None:
-        # Once the poll is waiting in IDLE (pymap fails an IDLE that races with an APPEND).
-        await asyncio.to_thread(idling.wait, 30)
-        await asyncio.sleep(0.5)
-        await asyncio.to_thread(intake_env.append, csv_mail(7))
-
-    started = loop.time()
-    delivery = asyncio.create_task(deliver_later())
-    outcome = await intake_env.poll()
-    await delivery
-
-    assert outcome.status == "done" and outcome.result.ingested == 1
-    assert loop.time() - started < 10
-    assert [m.subject for m in await intake_env.mails()] == ["mail 7"]
 
 
 async def test_a_batch_cancelled_while_postgres_runs_its_group_loses_and_repeats_nothing(

@@ -74,3 +74,19 @@ async def test_a_kept_connection_the_server_dropped_is_replaced_at_its_select() 
     assert log[2:] == [(0, "SELECT b"), (0, "CLOSE"), (1, "LOGIN"), (1, "SELECT b")]
     assert pool.take(next(iter(pool._kept))) is opened[1]
     await pool.aclose()
+
+
+async def test_kept_logins_have_a_total_cap_and_the_least_recent_go_first() -> None:
+    log: list[tuple[int, str]] = []
+    pool = ConnectionPool(lambda s: RecordingMailbox(s, log), max_kept=2)  # type: ignore[arg-type,return-value]
+    users = ["u0", "u1", "u2"]
+    for user in users:  # three accounts, one poll each, in turn
+        mailbox = pool(settings().model_copy(update={"username": user}))
+        await mailbox.connect()
+        await mailbox.select("INBOX")
+        await mailbox.close()
+
+    # The first account's login was given back longest ago: it is the one logged out.
+    assert [entry for entry in log if entry[1] == "CLOSE"] == [(0, "CLOSE")]
+    assert sum(len(kept) for kept in pool._kept.values()) == 2
+    await pool.aclose()

@@ -1,12 +1,14 @@
 """IMAP: the ``Mailbox`` port met by imapclient.
 
 imapclient is blocking, so every call runs in a thread: each connection has
-its own one-thread executor, not the loop's default one. An IDLE wait holds its
-thread for minutes, and a few idle mailboxes would otherwise fill the default
-executor (6 threads on 2 cores) and stall every ``to_thread`` call of SMTP, S3
-and broker sends. One thread also keeps one connection's calls in order. Vendor errors stop here and leave as ``MailboxUnavailable`` (retryable: the
-connection dropped or timed out), ``MailboxLoginRejected`` (permanent: bad
-credentials) or ``MailboxCommandFailed`` (the server said NO or BAD).
+its own one-thread executor, not the loop's default one: a slow FETCH would
+otherwise hold a thread of the default executor (6 threads on 2 cores) and stall
+the ``to_thread`` calls of SMTP, S3 and broker sends. One thread also keeps one
+connection's calls in order. Nothing here waits for new mail: the watcher
+(``mailroom.watch``) does, on asyncio. Vendor errors stop here and leave as
+``MailboxUnavailable`` (retryable: the connection dropped or timed out),
+``MailboxLoginRejected`` (permanent: bad credentials), ``MailboxFolderMissing``,
+``MailboxCertificateRejected`` or ``MailboxCommandFailed`` (the server said NO or BAD).
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ import logging
 import socket
 import ssl
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -29,7 +30,6 @@ from imapclient import DELETED, IMAPClient
 from imapclient.exceptions import LoginError
 
 from mailroom.adapters import oauth
-from mailroom.adapters.imap import idle
 from mailroom.adapters.imap.mailbox import CLOSE_WAIT_S, FetchedMail, filter_uids_above
 from mailroom.errors import (
     MailboxCertificateRejected,
@@ -110,7 +110,7 @@ class ImapMailbox:
     async def _call(self, what: str, fn: Callable[..., T], *args: Any) -> T:
         # Like ``asyncio.to_thread``: the call sees our context (log fields), and a
         # cancelled await leaves the thread running until the call returns.
-        self._uidnext = None  # it holds only until the next command (IDLE may even reconnect)
+        self._uidnext = None  # it holds only until the next command
         context = contextvars.copy_context()
         running = self._thread().submit(context.run, fn, *args)
         self._running = running
@@ -156,15 +156,6 @@ class ImapMailbox:
     async def check_health(self) -> None:
         await self._call("NOOP", self._require().noop)
 
-    def _reconnect(self) -> None:
-        with self._lock:
-            broken, self._client = self._client, None
-        if broken is not None:
-            _shutdown_quietly(broken)
-        client = self._connect()
-        if self._folder is not None:
-            _select(client, self._folder)
-
     async def select(self, folder: str) -> int:
         self._folder = folder
         try:
@@ -187,7 +178,7 @@ class ImapMailbox:
         if uidnext is not None and uidnext <= uid + 1:
             # Every UID in the folder is below the SELECT's UIDNEXT (RFC 3501): nothing new, and
             # an empty poll needs no SEARCH. Only a call right after the SELECT trusts it; mail
-            # that lands later is announced to IDLE and found by the next SEARCH.
+            # that lands later is found by the next poll's SEARCH.
             return []
         found = await self._call("UID SEARCH", self._require().search, ["UID", f"{uid + 1}:*"])
         return filter_uids_above([int(u) for u in found], uid)
@@ -246,45 +237,6 @@ class ImapMailbox:
             )
         return mails
 
-    def _idle(self, timeout_s: float) -> bool:
-        client = self._require()
-        if not client.has_capability("IDLE"):
-            return False  # the next scheduled poll looks again
-        # Mail that landed after the last UID SEARCH is announced once, and not again in IDLE:
-        # with the response to a later command (kept by imaplib), or when a NOOP asks (pymap
-        # tells only then or at DONE).
-        if idle.take_announced(client):
-            return True
-        client.noop()
-        if idle.take_announced(client):
-            return True
-        responses: list[Any] = []
-        deadline = time.monotonic() + timeout_s
-        try:
-            client.idle()
-            try:
-                # Dovecot sends what arrived since the NOOP with its "+ idling", in one packet:
-                # imaplib has read it already, and idle_check, which polls the socket, would
-                # wait the whole timeout for it. DONE reads it (imaplib keeps it).
-                if not idle.buffered(client):
-                    responses = idle.idle_until_news(client, deadline)
-            finally:
-                client.idle_done()
-        except imaplib.IMAP4.abort as exc:
-            # Mail that lands while IDLE starts or ends can come back as updates imaplib cannot
-            # parse (seen with pymap): the connection is out of step. Open a fresh one on the
-            # same folder and say "something changed", so the caller fetches instead of failing.
-            # A server that is really gone fails the reconnect, and that error stands.
-            logger.info(
-                "IMAP IDLE of %s lost step (%s); reconnecting", self.settings.name, _short(exc)
-            )
-            self._reconnect()
-            return True
-        return idle.announces_mail(responses) or idle.take_announced(client)
-
-    async def idle(self, timeout_s: float) -> bool:
-        return await self._call("IDLE", self._idle, timeout_s)
-
     async def add_flags(self, uids: list[int], flag: str) -> None:
         if not uids:
             return
@@ -319,7 +271,7 @@ class ImapMailbox:
     ) -> None:
         running = self._running
         if running is not None and not running.done():
-            # A call was cancelled while its thread still runs (IDLE, a slow FETCH, a connect):
+            # A call was cancelled while its thread still runs (a slow FETCH, a connect):
             # closing the socket wakes it, and we wait so the thread ends before us. A connect
             # still running sees ``_closes`` move and ends the connection it opens itself.
             # Shutting a socket down does not block: it needs no thread of its own.

@@ -61,10 +61,6 @@ class Mailbox(Protocol):
         """Header blocks and sizes of the ``uids`` that still exist, bodies unread, in UID order."""
         ...
 
-    async def idle(self, timeout_s: float) -> bool:
-        """Wait for new mail up to ``timeout_s``; True when the server announced some."""
-        ...
-
     async def add_flags(self, uids: list[int], flag: str) -> None:
         """Set ``flag`` on the messages of ``uids``; those no longer there are left out."""
         ...

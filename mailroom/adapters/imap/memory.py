@@ -94,10 +94,6 @@ class InMemoryMailbox:
             for mail in found
         ]
 
-    async def idle(self, timeout_s: float) -> bool:
-        self.server.idle_calls += 1
-        return False
-
     async def add_flags(self, uids: list[int], flag: str) -> None:
         assert self._folder is not None
         for uid in uids:
@@ -137,7 +133,6 @@ class MemoryServer:
         self.down = False
         self.fail_fetch = False
         self.connections = 0
-        self.idle_calls = 0
         #: UIDs whose whole mail was fetched, in order (a headers-only fetch adds none).
         self.body_fetches: list[int] = []
 
