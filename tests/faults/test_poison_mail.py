@@ -50,7 +50,7 @@ def test_a_mail_that_kills_its_worker_blocks_its_mailbox_at_its_uid_and_the_rest
     system.env["MAILROOM_INTAKE__MAILBOXES"] = json.dumps(
         [
             _mailbox(system, "e2e", imap_folder, idle=True),
-            # Also IDLE: its polls wait there, on the same workers, while they die.
+            # Read by the same workers while they die (the scheduler's pass sends its polls).
             _mailbox(system, "e2e-b", other_folder, idle=True),
         ]
     )
