@@ -1,10 +1,11 @@
 """Header text from untrusted mail: encoded words decoded, raw bytes read, controls removed.
 
 RFC 2047 words are decoded with the charset they name, read as the wider charset
-mail clients really mean (GB2312 as GB18030, Shift_JIS as CP932); raw 8-bit bytes
-are read as UTF-8; bytes no charset explains become U+FFFD, never Latin-1
-mojibake. Control characters, line separators and bidi overrides (which disguise
-names) become spaces, and every value is bounded.
+mail clients really mean (GB2312 as GB18030, Shift_JIS as CP932); raw 8-bit bytes,
+and words whose bytes their charset cannot read, are decoded by ``charsets``
+(UTF-8, the mail's declared charsets, detection); bytes no charset explains become
+U+FFFD, never another charset's mojibake. Control characters, line separators and
+bidi overrides (which disguise names) become spaces, and every value is bounded.
 """
 
 from __future__ import annotations
@@ -14,16 +15,19 @@ from email.header import Header, decode_header
 from email.message import Message
 from email.utils import getaddresses
 
+from mailroom.intake.charsets import Hints, codec_name, decode_unlabelled, no_hints
+
 #: Longest header value kept, in characters.
 MAX_HEADER_CHARS = 2000
+#: Longest display name kept, in characters.
+MAX_NAME_CHARS = 500
 
 
 def clean_text(value: str, limit: int = MAX_HEADER_CHARS) -> str:
     """Valid UTF-8 text without NUL or other control characters, at most ``limit`` chars.
 
-    Raw 8-bit header bytes arrive as surrogate escapes; they are read as UTF-8, and
-    bytes that are not UTF-8 become U+FFFD: no charset is declared for them, and a
-    guess (Latin-1) turns every other charset into mojibake.
+    Raw 8-bit bytes still carried as surrogate escapes (``decode_words`` reads them first)
+    are read as UTF-8; bytes that are not UTF-8 become U+FFFD.
     """
     if not value.isascii():
         if _ESCAPED_BYTE.search(value):
@@ -45,11 +49,16 @@ _CONTROL = re.compile(
 )
 
 
-def header_text(message: Message, name: str, *, join: bool = False) -> str | None:
-    """The decoded, cleaned value of header ``name`` (all of them joined by newlines if ``join``)."""
+def header_text(
+    message: Message, name: str, *, join: bool = False, hints: Hints = no_hints
+) -> str | None:
+    """The decoded, cleaned value of header ``name`` (all of them joined by newlines if ``join``).
+
+    ``hints`` gives the mail's declared charsets, asked only for raw 8-bit or misdeclared text.
+    """
     values: list[str] = []
     try:
-        values = [decode_words(v) for v in message.get_all(name) or []]
+        values = [decode_words(v, hints) for v in message.get_all(name) or []]
     except Exception:  # malformed header the decoder chokes on: fall back to its raw text
         values = [str(v) for k, v in message.raw_items() if k.lower() == name.lower()]
     values = [clean_text(v) for v in values]
@@ -59,69 +68,72 @@ def header_text(message: Message, name: str, *, join: bool = False) -> str | Non
     return "\n".join(values)[:MAX_HEADER_CHARS] if join else values[0]
 
 
-def decode_words(value: str | Header) -> str:
-    """Header text with RFC 2047 encoded words decoded; unknown charsets never raise."""
+def decode_words(value: str | Header, hints: Hints = no_hints) -> str:
+    """Header text with RFC 2047 encoded words decoded and raw 8-bit bytes read.
+
+    Unknown or wrong charsets never raise: see ``charsets``.
+    """
     if isinstance(value, str):
+        if not value.isascii() and _ESCAPED_BYTE.search(value):
+            # Raw 8-bit text, not encoded words (a mail has one or the other).
+            return _raw_text(value, hints)
         if "=?" not in value:
             return value  # no encoded words (``decode_header`` would return it as is)
-        if not value.isascii() and _ESCAPED_BYTE.search(value):
-            return value  # raw 8-bit text, not encoded words: clean_text reads it
     out = []
     for chunk, charset in decode_header(value):
-        out.append(chunk if isinstance(chunk, str) else _bytes_text(chunk, charset))
+        out.append(chunk if isinstance(chunk, str) else _bytes_text(chunk, charset, hints))
     return "".join(out)
 
 
-def _bytes_text(data: bytes, charset: str | None) -> str:
-    """Decode one encoded word; bytes its charset cannot explain become U+FFFD."""
-    codec = _codec(charset)
+def _raw_text(value: str, hints: Hints) -> str:
+    """A header the parser read as ASCII with surrogate escapes, as the text it was."""
+    try:
+        data = value.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a lone surrogate that carries no byte: clean_text drops it
+        return value
+    return decode_unlabelled(data, hints())
+
+
+def _bytes_text(data: bytes, charset: str | None, hints: Hints) -> str:
+    """Decode one encoded word; bytes its declared charset cannot read are read as raw bytes."""
+    codec = codec_name(charset)
     if codec is not None:
         try:
-            return data.decode(codec, "replace")
-        except LookupError:  # a charset Python does not know
+            return data.decode(codec)
+        except UnicodeDecodeError:  # the word's charset is wrong: the mail's others, detection
             pass
-    return data.decode("utf-8", "replace")
+        except LookupError:
+            codec = None
+    text = decode_unlabelled(data, [c for c in hints() if c != codec])
+    if "\ufffd" in text and codec is not None:
+        return data.decode(codec, "replace")  # nothing fits: the sender's word, mended
+    return text
 
 
-#: Charsets mail clients declare for a wider one they actually use (WHATWG Encoding).
-_CHARSET_SUPERSETS = {
-    "gb2312": "gb18030",
-    "gbk": "gb18030",
-    "x-gbk": "gb18030",
-    "cp936": "gb18030",
-    "big5": "big5hkscs",
-    "x-x-big5": "big5hkscs",
-    "shift_jis": "cp932",
-    "shift-jis": "cp932",
-    "sjis": "cp932",
-    "x-sjis": "cp932",
-    "ks_c_5601-1987": "cp949",
-    "euc-kr": "cp949",
-    "iso-8859-1": "cp1252",
-    "latin1": "cp1252",
-    "us-ascii": "cp1252",
-    "tis-620": "cp874",
-}
+def read_sender(message: Message, hints: Hints = no_hints) -> tuple[str | None, str | None]:
+    """The From address (or the decoded header text when it holds none) and its display name."""
+    name, address = _first_address(message)
+    if "@" in address:
+        sender = clean_text(decode_words(address, hints)) or None
+    else:
+        sender = header_text(message, "From", hints=hints)
+    display = clean_text(decode_words(name, hints), limit=MAX_NAME_CHARS) if name else ""
+    return sender, display or None
 
 
-def _codec(charset: str | None) -> str | None:
-    if not charset:
-        return None
-    name = charset.split("*", 1)[0].strip().lower()  # RFC 2231 language suffix: utf-8*en
-    if name in ("", "unknown-8bit", "x-unknown", "unknown"):
-        return None
-    return _CHARSET_SUPERSETS.get(name, name)
+def _first_address(message: Message) -> tuple[str, str]:
+    """The first (name, address) of From, still encoded; ("", "") when there is none.
 
-
-def sender_address(message: Message) -> str | None:
-    """The From address, or the decoded header text when it holds no address."""
-    sender = header_text(message, "From")
-    if sender is None:
-        return None
+    The address is split before its name is decoded, so a comma or bracket inside an
+    encoded name cannot split it. The header's stored value is read: ``get_all`` wraps raw
+    8-bit text in a Header whose ``str()`` drops the bytes.
+    """
+    raw = [value for key, value in message.raw_items() if key.lower() == "from"][:1]
     try:
-        addresses = getaddresses([sender])
-    except Exception:  # unparsable address list: the decoded header text is kept instead
-        addresses = []
-    if addresses and "@" in addresses[0][1]:
-        return clean_text(addresses[0][1])
-    return sender
+        addresses = getaddresses([str(value) for value in raw])
+    except Exception:  # unparsable address list: no address
+        return "", ""
+    for name, address in addresses:
+        if name or address:
+            return name, address
+    return "", ""

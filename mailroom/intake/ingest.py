@@ -233,6 +233,7 @@ def _mail_write(claim: Claim, prepared: PreparedMail, *, uidvalidity: int) -> Ma
             "message_id": parsed.message_id,
             "sha256": parsed.sha256,
             "sender": parsed.sender,
+            "sender_name": parsed.sender_name,
             "return_path": parsed.return_path,
             "authentication_results": parsed.authentication_results,
             "subject": parsed.subject,

@@ -58,12 +58,13 @@ WITH fence AS (
     RETURNING id, bucket, key
 ), mail AS (
     INSERT INTO inbound_mail (
-        cursor_id, uidvalidity, uid, message_id, content_sha256, sender, return_path,
+        cursor_id, uidvalidity, uid, message_id, content_sha256, sender, sender_name, return_path,
         authentication_results, subject, internal_date, raw_object_id, status, last_error,
         last_attempt_at
     )
     SELECT CAST(%(cursor_id)s AS integer), CAST(%(uidvalidity)s AS bigint), CAST(%(uid)s AS bigint),
         CAST(%(message_id)s AS text), CAST(%(sha256)s AS text), CAST(%(sender)s AS text),
+        CAST(%(sender_name)s AS text),
         CAST(%(return_path)s AS text), CAST(%(authentication_results)s AS text),
         CAST(%(subject)s AS text), CAST(%(internal_date)s AS timestamptz),
         (SELECT id FROM objects
@@ -74,6 +75,7 @@ WITH fence AS (
         message_id = EXCLUDED.message_id,
         content_sha256 = EXCLUDED.content_sha256,
         sender = EXCLUDED.sender,
+        sender_name = EXCLUDED.sender_name,
         return_path = EXCLUDED.return_path,
         authentication_results = EXCLUDED.authentication_results,
         subject = EXCLUDED.subject,

@@ -30,6 +30,7 @@ from urllib.parse import unquote
 from mailroom.adapters.storage import sha256_hex
 from mailroom.intake import boundaries
 from mailroom.intake.big_parts import ElidedMail, elide_big_bodies, read_part
+from mailroom.intake.charsets import CharsetHints, Hints, no_hints
 from mailroom.intake.containers import open_container
 from mailroom.intake.filetypes import (
     IMAGE_TYPES,
@@ -38,7 +39,12 @@ from mailroom.intake.filetypes import (
     classify,
     extension,
 )
-from mailroom.intake.headers import clean_text, decode_words, header_text, sender_address
+from mailroom.intake.headers import (
+    clean_text,
+    decode_words,
+    header_text,
+    read_sender,
+)
 
 if TYPE_CHECKING:
     from mailroom.settings import IntakeSettings, MailboxSettings
@@ -130,6 +136,8 @@ class ParsedMail:
     size: int
     message_id: str | None = None
     sender: str | None = None
+    #: The display name of the From address, decoded.
+    sender_name: str | None = None
     return_path: str | None = None
     authentication_results: str | None = None
     subject: str | None = None
@@ -148,17 +156,21 @@ def parse_mail(raw: bytes, limits: Limits) -> ParsedMail:
     # Big part bodies are read from ``raw``, not through the parser (see big_parts).
     elided = elide_big_bodies(raw)
     message = email.message_from_bytes(elided.text if elided else raw, policy=policy.compat32)
-    _read_headers(parsed, message)
-    token = _ELIDED.set(elided)
+    hints = CharsetHints(message)
+    _read_headers(parsed, message, hints)
+    token, hinted = _ELIDED.set(elided), _HINTS.set(hints)
     try:
         _collect(message, limits, parsed, parent=None, depth=0, prefix="")
     finally:
         _ELIDED.reset(token)
+        _HINTS.reset(hinted)
     return parsed
 
 
 #: The big mail being parsed, when its big bodies were cut out of the parser's text.
 _ELIDED: ContextVar[ElidedMail | None] = ContextVar("elided", default=None)
+#: The charsets the mail being parsed declares, for raw 8-bit file names.
+_HINTS: ContextVar[Hints] = ContextVar("hints", default=no_hints)
 
 
 def parse_oversize(header: bytes, size: int | None, limits: Limits) -> ParsedMail:
@@ -171,7 +183,8 @@ def parse_oversize(header: bytes, size: int | None, limits: Limits) -> ParsedMai
     parsed.problem = (
         f"mail {told}exceeds the limit of {limits.max_mail_bytes}: oversize, its body was not read"
     )
-    _read_headers(parsed, email.message_from_bytes(header, policy=policy.compat32))
+    message = email.message_from_bytes(header, policy=policy.compat32)
+    _read_headers(parsed, message, CharsetHints(message))
     return parsed
 
 
@@ -181,13 +194,13 @@ def _header_block(raw: bytes) -> bytes:
     return raw[: min(ends) + 2] if ends else raw
 
 
-def _read_headers(parsed: ParsedMail, message: Message) -> None:
+def _read_headers(parsed: ParsedMail, message: Message, hints: Hints) -> None:
     parsed.message_id = header_text(message, "Message-ID")
-    parsed.sender = sender_address(message)
+    parsed.sender, parsed.sender_name = read_sender(message, hints)
     return_path = header_text(message, "Return-Path")
     parsed.return_path = return_path.strip("<> ") if return_path else None
     parsed.authentication_results = header_text(message, "Authentication-Results", join=True)
-    parsed.subject = header_text(message, "Subject")
+    parsed.subject = header_text(message, "Subject", hints=hints)
 
 
 def safe_name(name: str | None, *, index: int, media_type: str) -> str:
@@ -477,7 +490,7 @@ def _filename(part: Message) -> str | None:
         if isinstance(name, tuple):  # RFC 2231 value of a ``name`` parameter
             name = collapse_rfc2231_value(name)
         # Non-standard but common: RFC 2047 words inside a quoted file name.
-        return decode_words(str(name)) if name else None
+        return decode_words(str(name), _HINTS.get()) if name else None
     except Exception:  # malformed parameters or encoded words
         return None
 

@@ -109,11 +109,12 @@ async def test_header_charsets_decode(intake_env):
     raw = (
         b"From: =?koi8-r?b?8NLJ18XU?= <a@example.com>\r\n"
         b"Subject: =?gb18030?b?1tDOxLeixrE=?= =?big5?b?pKSk5bVvsrw=?= "
-        b"=?shift_jis?b?kL+LgY+R?= =?utf-8?q?=FF=FE?= end\r\n"
+        # The last word's bytes are not UTF-8: read with the mail's other charsets (KOI8-R).
+        b"=?shift_jis?b?kL+LgY+R?= =?utf-8?b?896j1A==?= end\r\n"
         b"Message-ID: <charsets@x>\r\n\r\nbody\r\n"
     )
     mail, _, _ = await _ingest_one(intake_env, raw)
-    assert mail.subject == "中文发票中文發票請求書\ufffd\ufffd end"
+    assert mail.subject == "中文发票中文發票請求書Счёт end"
 
 
 async def test_an_inline_unnamed_forwarded_invoice_is_opened(intake_env):
@@ -152,3 +153,20 @@ async def test_a_container_that_cannot_be_opened_waits_for_an_operator(intake_en
     async with intake_env.sessions() as session:
         assert (await needs_operator(session))["files_needs_check"] == 1
     assert mail.status == "stored"
+
+
+async def test_raw_8bit_headers_are_read_in_the_charset_the_mail_declares(intake_env):
+    raw = (
+        b'From: "' + "张伟".encode("gbk") + b'" <zhang@example.com>\r\n'
+        b"Subject: " + "发票通知 十一月".encode("gbk") + b"\r\n"
+        b"Message-ID: <gbk@x>\r\nMIME-Version: 1.0\r\n"
+        b"Content-Type: text/plain; charset=gb2312\r\n\r\n"
+        + "附件是十一月的发票。".encode("gbk")
+        + b"\r\n"
+    )
+    mail, _, _ = await _ingest_one(intake_env, raw)
+    assert (mail.subject, mail.sender_name, mail.sender) == (
+        "发票通知 十一月",
+        "张伟",
+        "zhang@example.com",
+    )

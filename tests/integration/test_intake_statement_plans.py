@@ -88,6 +88,7 @@ def _write(cursor_id: int, lease_id: uuid.UUID, uid: int) -> MailWrite:
             "message_id": f"<{uid}@example.org>",
             "sha256": f"{uid:064x}",
             "sender": "a@example.org",
+            "sender_name": None,
             "return_path": None,
             "authentication_results": None,
             "subject": "plans",

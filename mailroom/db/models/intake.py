@@ -106,6 +106,8 @@ class InboundMail(Base):
     message_id: Mapped[str | None] = mapped_column(Text)
     content_sha256: Mapped[str | None] = mapped_column(String(64))
     sender: Mapped[str | None] = mapped_column(Text)
+    #: The From address's display name, decoded.
+    sender_name: Mapped[str | None] = mapped_column(Text)
     return_path: Mapped[str | None] = mapped_column(Text)
     authentication_results: Mapped[str | None] = mapped_column(Text)
     subject: Mapped[str | None] = mapped_column(Text)
