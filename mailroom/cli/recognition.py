@@ -28,7 +28,7 @@ from mailroom.db.audit import OPERATOR, operator_id
 from mailroom.db.engine import create_engine, create_sessionmaker, transaction
 from mailroom.db.models import FILE_STATUSES, JOB_STATUSES, PIPELINES, RecognitionJob, StoredFile
 from mailroom.errors import ReplayRefused
-from mailroom.recognition.review.replay import ReplayedJob, replay_job, replay_jobs_by_status
+from mailroom.recognition.replay import ReplayedJob, replay_job, replay_jobs_by_status
 from mailroom.settings import Settings
 
 logger = logging.getLogger(__name__)

@@ -21,6 +21,11 @@ from mailroom.db.models import FINAL_FILE_STATUSES
 #: ``status_reason`` and ``error_message`` are cut to this many characters.
 MAX_REASON_CHARS = 2_000
 
+#: The job status and error code of a dead letter for a missing ack: the outbox writes it, an
+#: answer that comes after all revives it (``inbox/revive.py``).
+DLQ_STATUS = "dlq"
+NO_ACK = "NO_ACK"
+
 
 def short_repr(value: Any, limit: int = 80) -> str:
     """``repr`` of untrusted text for logs, cut to ``limit`` characters."""

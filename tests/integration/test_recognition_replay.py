@@ -6,7 +6,7 @@ import pytest
 
 from mailroom.db.engine import transaction
 from mailroom.errors import ReplayRefused
-from mailroom.recognition.review.replay import replay_job, replay_jobs_by_status
+from mailroom.recognition.replay import replay_job, replay_jobs_by_status
 from tests.fixtures.recognition import at
 
 pytestmark = pytest.mark.integration

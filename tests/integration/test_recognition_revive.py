@@ -18,7 +18,7 @@ from mailroom.notifications.passes import create_notifications
 from mailroom.recognition.inbox.apply import InboxMessage, apply_recognition_messages
 from mailroom.recognition.mapping.run import map_recognition_result
 from mailroom.recognition.outbox.relay import publish_recognition_requests
-from mailroom.recognition.review.replay import replay_job
+from mailroom.recognition.replay import replay_job
 from mailroom.recognition.watchdog import expire_recognition_deadlines
 from mailroom.settings import NotificationRoute
 from tests.fixtures.recognition import at

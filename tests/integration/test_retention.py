@@ -21,7 +21,7 @@ from mailroom.db.models import (
 )
 from mailroom.errors import ReplayRefused
 from mailroom.lifecycle.retention import PURGE_ACTION, purge_batch, run_retention_pass
-from mailroom.recognition.review.replay import replay_job, replay_jobs_by_status
+from mailroom.recognition.replay import replay_job, replay_jobs_by_status
 from mailroom.settings import Settings
 
 pytestmark = pytest.mark.integration

@@ -9,6 +9,7 @@ import jsonschema
 import pytest
 
 from mailroom.errors import ExtractionError
+from mailroom.recognition import finality
 from mailroom.recognition.contract.asyncapi import (
     ASYNCAPI_FILE,
     MAILROOM_ERROR_CODES,
@@ -29,7 +30,6 @@ from mailroom.recognition.contract.models import (
     result_msg_id,
 )
 from mailroom.recognition.inbox import attempts as inbox_attempts
-from mailroom.recognition.inbox import revive
 from mailroom.recognition.mapping import run as mapping
 from mailroom.recognizer.service import TRANSIENT_CODES
 from mailroom.settings import NatsSettings
@@ -169,7 +169,7 @@ def test_the_error_codes_are_the_ones_the_code_uses(document):
         mapping.FOREIGN_BUCKET,
         mapping.RESULT_TOO_LARGE,
         mapping.MAPPING_ATTEMPTS_EXHAUSTED,
-        revive.NO_ACK,
+        finality.NO_ACK,
         inbox_attempts.INBOX_ATTEMPTS_EXHAUSTED,
         "TIMEOUT",
         "INVALID_REQUEST",

@@ -20,9 +20,7 @@ from typing import Any
 
 from sqlalchemy import text
 
-#: The job status and error code of a dead letter for a missing ack (written by the outbox).
-DLQ_STATUS = "dlq"
-NO_ACK = "NO_ACK"
+from mailroom.recognition.finality import DLQ_STATUS, NO_ACK
 
 
 def revivable(row: dict[str, Any], now: datetime, *, ack: bool) -> bool:

@@ -20,7 +20,7 @@ from mailroom.recognition.contract.violations import (
     RESULT_TOO_LARGE,
 )
 from mailroom.recognition.finality import MAX_REASON_CHARS
-from mailroom.recognition.review.replay import ReplayedJob
+from mailroom.recognition.replay import ReplayedJob
 from mailroom.settings import RecognitionSettings
 
 #: Who automatic retries are audit-logged as.

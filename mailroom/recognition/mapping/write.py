@@ -30,7 +30,7 @@ from mailroom.recognition.mapping.verdict import (
     Decision,
     MappingOutcome,
 )
-from mailroom.recognition.review.replay import replay_job
+from mailroom.recognition.replay import replay_job
 
 logger = logging.getLogger("mailroom.recognition.mapping.run")
 

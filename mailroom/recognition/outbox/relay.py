@@ -42,11 +42,12 @@ from mailroom.db.models import PIPELINES
 from mailroom.db.params import text_array, uuid_array
 from mailroom.recognition.contract.models import request_msg_id
 from mailroom.recognition.finality import (
+    DLQ_STATUS,
     MAX_REASON_CHARS,
+    NO_ACK,
     fail_current_files,
     finalize_mails,
 )
-from mailroom.recognition.inbox.revive import DLQ_STATUS, NO_ACK
 from mailroom.recognition.outbox import sql as outbox_sql
 from mailroom.recognition.outbox.requests import RequestWriter
 from mailroom.recognition.outbox.sql import ClaimedJob

@@ -35,8 +35,8 @@ from mailroom.db.clock import db_now
 from mailroom.db.models import FINAL_JOB_STATUSES
 from mailroom.errors import ReplayRefused, ReviewConflict, ReviewRefused
 from mailroom.recognition.finality import MAX_REASON_CHARS, finalize_mails, reopen_mail
+from mailroom.recognition.replay import ReplayedJob, replay_job
 from mailroom.recognition.review.queries import REVIEWABLE
-from mailroom.recognition.review.replay import ReplayedJob, replay_job
 from mailroom.settings import RecognitionSettings
 
 logger = logging.getLogger(__name__)
