@@ -25,6 +25,8 @@ may wait for it. Permanent: it cannot, until someone changes something.
     ├── PermanentError
     │   ├── InvalidPayload
     │   ├── MailboxLoginRejected
+    │   ├── MailboxFolderMissing
+    │   ├── MailboxCertificateRejected           (IMAP server's TLS certificate)
     │   ├── OAuthTokenRefused
     │   ├── NatsConfigError
     │   ├── ObjectNotFound
