@@ -148,6 +148,8 @@ def system_env(
         MAILROOM_RECOGNITION__UNMAPPED_AFTER_S="5",
         # The no-ack window (5 s x 4) must be twice the bridge's ack wait (a Settings check).
         MAILROOM_NATS__BRIDGE_ACK_WAIT_S="10",
+        # The gate closes for silence within the no-ack window (a Settings check).
+        MAILROOM_RECOGNITION__SILENCE_AFTER_S="10",
         MAILROOM_INTAKE__MAILBOXES=json.dumps([mailbox]),
         MAILROOM_INTAKE__LEASE_S="6",
         MAILROOM_DELIVERY__STREAM_KEY=f"e2e{tag}:delivery-stream",

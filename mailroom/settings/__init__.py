@@ -163,6 +163,14 @@ class Settings(BaseSettings):
                 f"must be at least {ACK_WINDOW_MARGIN} x nats.bridge_ack_wait_s "
                 f"= {ACK_WINDOW_MARGIN * nats.bridge_ack_wait_s:g} s"
             )
+        if recognition.silence_after_s >= window_s:
+            # The gate holds a silent pipeline's jobs only once it closed: closing after the
+            # no-ack window dead-letters them first (NO_ACK), for an outage of the service.
+            problems.append(
+                f"recognition.silence_after_s = {recognition.silence_after_s:g} s must be below "
+                f"the no-ack window recognition.ack_timeout_s x (recognition.max_republish + 1) "
+                f"= {window_s:g} s"
+            )
         names = [mailbox.name for mailbox in self.intake.mailboxes]
         if len(set(names)) != len(names):
             problems.append(f"intake.mailboxes: names must be unique, got {names}")

@@ -174,14 +174,30 @@ def test_no_ack_window_shorter_than_twice_the_bridge_ack_wait_fails_at_load():
     # 5 s x (3 + 1) = 20 s: an ack redelivered after the bridge's 30 s wait comes too late.
     with pytest.raises(ValidationError) as caught:
         Settings(
-            recognition=RecognitionSettings(ack_timeout_s=5, max_republish=3),
+            recognition=RecognitionSettings(ack_timeout_s=5, max_republish=3, silence_after_s=10),
             nats=NatsSettings(bridge_ack_wait_s=30),
         )
     message = _config_error(caught.value)
     assert "MAILROOM_RECOGNITION__ACK_TIMEOUT_S" in message
     assert "MAILROOM_NATS__BRIDGE_ACK_WAIT_S" in message
     Settings(
-        recognition=RecognitionSettings(ack_timeout_s=5, max_republish=3),
+        recognition=RecognitionSettings(ack_timeout_s=5, max_republish=3, silence_after_s=10),
+        nats=NatsSettings(bridge_ack_wait_s=10),
+    )
+
+
+def test_a_gate_that_would_close_after_the_no_ack_window_fails_at_load_naming_both():
+    # 5 s x (3 + 1) = 20 s: jobs would be dead-lettered before 60 s of silence closes the gate.
+    recognition = RecognitionSettings(ack_timeout_s=5, max_republish=3, silence_after_s=60)
+    with pytest.raises(ValidationError) as caught:
+        Settings(recognition=recognition, nats=NatsSettings(bridge_ack_wait_s=10))
+    assert _config_error(caught.value) == (
+        "mailroom: configuration error: MAILROOM_RECOGNITION__SILENCE_AFTER_S = 60 s must be "
+        "below the no-ack window MAILROOM_RECOGNITION__ACK_TIMEOUT_S x "
+        "(MAILROOM_RECOGNITION__MAX_REPUBLISH + 1) = 20 s"
+    )
+    Settings(
+        recognition=recognition.model_copy(update={"silence_after_s": 19}),
         nats=NatsSettings(bridge_ack_wait_s=10),
     )
 
