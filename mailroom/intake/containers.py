@@ -1,5 +1,7 @@
 """Containers of attachments: forwarded mails and Outlook's winmail.dat (TNEF).
 
+Archives are containers too (``archives``).
+
 A container is stored whole and its files are extracted; ``parsing`` decides
 how deep. TNEF is read with ``tnefparse`` after a cheap walk over its framing
 that refuses files with absurd object counts (the parser copies the rest of the
@@ -32,6 +34,12 @@ class Nested:
     name: str | None
     media_type: str
     data: bytes
+    #: Its folder inside the container (an archive's), "/"-separated, no part that climbs.
+    folder: str = ""
+    #: Its size when ``data`` was not read (over a limit, encrypted), in bytes.
+    size: int | None = None
+    #: Why it was not read, when it was not (encrypted, a link).
+    skip: str | None = None
 
 
 @dataclass

@@ -8,8 +8,9 @@ charset explains become U+FFFD), names lose path parts and control characters,
 and the size and count limits decide which attachments are stored at all (one
 over its size limit is sized from its base64, never decoded; the big bodies of a
 big mail never go through the parser: ``big_parts``). Forwarded mails and
-winmail.dat are opened (``containers``) down to a depth limit, each file
-recording the container it came from. Every leaf part is accounted for: a file, a
+winmail.dat are opened (``containers``), and zip and tar archives (``archives``,
+within a per-mail budget), down to a depth limit, each file recording the
+container it came from. Every leaf part is accounted for: a file, a
 skipped file with its reason, or the mail's text (``ParsedMail.body_parts``).
 """
 
@@ -29,9 +30,10 @@ from urllib.parse import unquote
 
 from mailroom.adapters.storage import sha256_hex
 from mailroom.intake import boundaries
+from mailroom.intake.archives import ArchiveBudget, archive_kind, open_archive
 from mailroom.intake.big_parts import ElidedMail, elide_big_bodies, read_part
 from mailroom.intake.charsets import CharsetHints, Hints, no_hints
-from mailroom.intake.containers import open_container
+from mailroom.intake.containers import Opened, open_container
 from mailroom.intake.filetypes import (
     IMAGE_TYPES,
     MEDIA_EXTENSIONS,
@@ -86,6 +88,12 @@ class Limits:
     skip_inline_images: bool = True
     #: Images smaller than this are decoration (logos, icons), not documents, in bytes.
     min_image_bytes: int = 4096
+    #: Files the archives of one mail may yield, nested archives' included.
+    max_archive_members: int = 1000
+    #: Bytes the archives of one mail may expand to, nested archives' included.
+    max_archive_bytes: int = 100 * 1024 * 1024
+    #: Largest expanded-to-compressed ratio of an archive (past its first MiB).
+    max_archive_ratio: int = 100
 
     @classmethod
     def for_mailbox(cls, intake: IntakeSettings, mailbox: MailboxSettings) -> Limits:
@@ -96,6 +104,18 @@ class Limits:
             max_nesting=intake.max_nesting,
             skip_inline_images=mailbox.skip_inline_images,
             min_image_bytes=intake.min_image_bytes,
+            max_archive_members=intake.max_archive_members,
+            max_archive_bytes=intake.max_archive_bytes,
+            max_archive_ratio=intake.max_archive_ratio,
+        )
+
+    def archive_budget(self) -> ArchiveBudget:
+        """What one mail's archives may expand to."""
+        return ArchiveBudget(
+            members=self.max_archive_members,
+            expanded_bytes=self.max_archive_bytes,
+            max_ratio=self.max_archive_ratio,
+            max_member_bytes=self.max_attachment_bytes,
         )
 
 
@@ -159,11 +179,13 @@ def parse_mail(raw: bytes, limits: Limits) -> ParsedMail:
     hints = CharsetHints(message)
     _read_headers(parsed, message, hints)
     token, hinted = _ELIDED.set(elided), _HINTS.set(hints)
+    budgeted = _BUDGET.set(limits.archive_budget())
     try:
         _collect(message, limits, parsed, parent=None, depth=0, prefix="")
     finally:
         _ELIDED.reset(token)
         _HINTS.reset(hinted)
+        _BUDGET.reset(budgeted)
     return parsed
 
 
@@ -307,9 +329,17 @@ def _attachment(
     return attachment
 
 
-def _place(found: list[ParsedAttachment], attachment: ParsedAttachment, parent: int | None) -> None:
+def _place(
+    found: list[ParsedAttachment],
+    attachment: ParsedAttachment,
+    parent: int | None,
+    *,
+    folder: str = "",
+) -> None:
     attachment.parent = parent
     prefix = f"{found[parent].path}/" if parent is not None else ""
+    if folder:
+        prefix += clean_text(folder, limit=MAX_PATH_CHARS) + "/"
     attachment.path = (prefix + attachment.name)[:MAX_PATH_CHARS]
     found.append(attachment)
 
@@ -330,15 +360,21 @@ def _open(
     found = parsed.attachments
     if container.skip_reason and not container.data:
         return  # over a limit: neither stored nor opened
-    opened = open_container(container.name, container.media_type, container.data, nested)
+    archive = archive_kind(container.name, container.file_type)
+    opened: Opened | None
+    if archive is not None:
+        if depth >= limits.max_nesting:  # refused before a byte of it is decompressed
+            _keep_unopened(container, f"archive ({archive})", limits)
+            return
+        opened = open_archive(archive, container.data, _budget(limits), _HINTS.get()())
+    else:
+        opened = open_container(container.name, container.media_type, container.data, nested)
     if opened is None:
         return
     container.file_type = opened.file_type
     container.pipeline = None
     if depth >= limits.max_nesting:
-        container.skip_reason = (
-            f"{opened.kind} nested deeper than {limits.max_nesting} levels: kept unopened"
-        )
+        _keep_unopened(container, opened.kind, limits)
         return
     container.skip_reason = None
     if opened.error is not None:
@@ -351,13 +387,33 @@ def _open(
         prefix = f"{section}." if section else f"{container.path}:"
         _collect(opened.message, limits, parsed, parent=position, depth=depth + 1, prefix=prefix)
     for item in opened.files:
-        inner = _attachment(found, limits, item.name, item.media_type, item.data)
-        _place(found, inner, position)
+        inner = _attachment(found, limits, item.name, item.media_type, item.data, size=item.size)
+        if item.skip is not None:
+            inner.skip_reason = item.skip
+        _place(found, inner, position, folder=item.folder)
         _open(parsed, limits, inner, None, depth=depth + 1)
     count = len(found) - before
     container.container_reason = f"{opened.kind}: {count} file{'' if count == 1 else 's'} extracted"
     if count == 0:
-        container.check_reason = f"{opened.kind}: no file inside it, only text"
+        only_text = ", only text" if opened.message is not None else ""
+        container.check_reason = f"{opened.kind}: no file inside it{only_text}"
+
+
+def _keep_unopened(container: ParsedAttachment, kind: str, limits: Limits) -> None:
+    container.pipeline = None
+    container.skip_reason = f"{kind} nested deeper than {limits.max_nesting} levels: kept unopened"
+
+
+#: What the archives of the mail being parsed may still expand to.
+_BUDGET: ContextVar[ArchiveBudget | None] = ContextVar("budget", default=None)
+
+
+def _budget(limits: Limits) -> ArchiveBudget:
+    budget = _BUDGET.get()
+    if budget is None:  # parsing outside parse_mail: a budget of its own
+        budget = limits.archive_budget()
+        _BUDGET.set(budget)
+    return budget
 
 
 #: Transfer encodings a ``message/rfc822`` part should not have (RFC 2046), but is sent with.

@@ -114,9 +114,17 @@ class IntakeSettings(StrictModel):
     max_attachment_bytes: int = 25 * 1024 * 1024
     max_mail_bytes: int = 50 * 1024 * 1024
     max_attachments: int = 100
-    #: How deep forwarded mails (.eml, message/rfc822) and winmail.dat are opened for their
-    #: files; 0 stores them whole, unopened.
+    #: How deep forwarded mails (.eml, message/rfc822), winmail.dat and archives (.zip, .tar,
+    #: .tar.gz) are opened for their files; 0 stores them whole, unopened.
     max_nesting: int = 3
+    #: Files the archives of one mail may yield, nested archives' included; an archive that
+    #: would pass it yields none and waits for an operator (NEEDS_CHECK).
+    max_archive_members: int = Field(default=1000, ge=0)
+    #: Bytes the archives of one mail may expand to, nested archives' included; checked on the
+    #: declared sizes before and on the bytes while decompressing.
+    max_archive_bytes: int = Field(default=100 * 1024 * 1024, ge=0)
+    #: Largest expanded-to-compressed size ratio of an archive past its first MiB (a bomb).
+    max_archive_ratio: int = Field(default=100, ge=1)
     #: Images smaller than this are logos and icons, not documents (see a mailbox's
     #: skip_inline_images), in bytes.
     min_image_bytes: int = 4096

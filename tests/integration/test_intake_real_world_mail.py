@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import base64
+import io
+import zipfile
 from email.mime.application import MIMEApplication
 from email.mime.base import MIMEBase
 from email.mime.image import MIMEImage
@@ -170,3 +172,32 @@ async def test_raw_8bit_headers_are_read_in_the_charset_the_mail_declares(intake
         "张伟",
         "zhang@example.com",
     )
+
+
+def _zip(members: dict[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+    return buffer.getvalue()
+
+
+async def test_a_zipped_invoice_becomes_a_file_with_a_job_and_a_bomb_waits_for_an_operator(
+    intake_env,
+):
+    intake_env.settings.intake.max_attachment_bytes = 50_000_000
+    invoices = _attachment(_zip({"11/invoice.csv": CSV}), "application/zip", "invoices.zip")
+    bomb = _attachment(_zip({"zeros.csv": b"0" * 20_000_000}), "application/zip", "bomb.zip")
+    _, (archive, invoice, refused), (job,) = await _ingest_one(intake_env, _mail(invoices, bomb))
+    assert (archive.status, archive.status_reason) == (
+        "CONTAINER",
+        "archive (zip): 1 file extracted",
+    )
+    assert (invoice.status, invoice.source_path, invoice.parent_file_id) == (
+        "UPLOADED",
+        "invoices.zip/11/invoice.csv",
+        archive.id,
+    )
+    assert job.file_id == invoice.id
+    assert refused.status == "NEEDS_CHECK"
+    assert "over the compression ratio limit of 100" in refused.status_reason
