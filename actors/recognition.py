@@ -61,7 +61,13 @@ async def publish_recognition_requests() -> None:
         logger.warning("Outbox pass skipped: %s", exc)
         return
     nats_error = None if publisher.is_connected else "no NATS connection"
-    state = await gate.check_gate(sessions, recognition=settings.recognition, nats_error=nats_error)
+    state = await gate.check_gate(
+        sessions,
+        recognition=settings.recognition,
+        nats_error=nats_error,
+        inbox=await publisher.inbox_backlog(),
+        idle_after_s=settings.nats.bridge_ack_wait_s,
+    )
     result = await outbox.publish_recognition_requests(
         sessions,
         publisher,
@@ -258,13 +264,19 @@ async def expire_recognition_deadlines() -> None:
     """Time out jobs past their reply deadline, but none while its health gate is closed."""
     resources = current()
     sessions = await resources.sessions()
+    inbox = None
     try:
         nats = await resources.nats()
         nats_error = None if nats.is_connected else "no NATS connection"
+        inbox = await nats.inbox_backlog()
     except NatsUnavailable as exc:
         nats_error = str(exc)
     state = await gate.check_gate(
-        sessions, recognition=resources.settings.recognition, nats_error=nats_error
+        sessions,
+        recognition=resources.settings.recognition,
+        nats_error=nats_error,
+        inbox=inbox,
+        idle_after_s=resources.settings.nats.bridge_ack_wait_s,
     )
     result = await watchdog.expire_recognition_deadlines(
         sessions,

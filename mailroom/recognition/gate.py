@@ -3,9 +3,12 @@
 Without it, a recognition service that is down (or NATS that cannot be reached)
 turns every waiting job into ``dlq``/``NO_ACK`` after its republishes, and every
 acked one into ``timeout``: intake's files end ERROR for an outage, not for a
-fault of theirs. The gate of a pipeline is *closed* while NATS is unreachable, or
-while one of its requests has waited ``silence_after_s`` unacked and no service
-of that pipeline answered (an ack or a result) within that time. While closed,
+fault of theirs. The gate of a pipeline is *closed* while NATS is unreachable;
+while answers wait unread in the inbox's JetStream consumer and no NATS bridge has
+taken one for ``nats.bridge_ack_wait_s`` (the bridge is down or stuck: the service
+answered, Mailroom has not read it); or while one of its requests has waited
+``silence_after_s`` unacked and no service of that pipeline answered (an ack or a
+result) within that time. While closed,
 the outbox still publishes first requests (a returning service finds them in
 JetStream) but neither republishes nor dead-letters that pipeline's jobs, and
 the watchdog times none of them out.
@@ -30,6 +33,7 @@ from prometheus_client import Gauge
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from mailroom.adapters.nats.backlog import InboxBacklog
 from mailroom.db.clock import db_now
 from mailroom.db.models import PIPELINES
 from mailroom.process.observability import active_sentry
@@ -45,6 +49,16 @@ GATE_CLOSED = Gauge(
     # NOTE: in a worker's multiprocess exporter, the value its latest check set in any process.
     multiprocess_mode="livemostrecent",
 )
+
+ANSWERS_UNREAD = Gauge(
+    "mailroom_recognition_answers_unread",
+    "Answers waiting in the inbox's JetStream consumer while no NATS bridge consumes it, else 0.",
+    # NOTE: in a worker's multiprocess exporter, the value its latest check set in any process.
+    multiprocess_mode="livemostrecent",
+)
+
+#: How the reason of a gate held for unread answers begins (status, Sentry, tests).
+UNREAD_REASON = "answers unread: the NATS bridge is not consuming"
 
 # Per pipeline: its unacked requests and the last ack and result of any service (indexes
 # ix_recognition_job_outbox, _acked and _answered keep each a short index scan).
@@ -153,21 +167,42 @@ def silence_reason(
     )
 
 
+def unread_reason(backlog: InboxBacklog | None, *, idle_after_s: float) -> str | None:
+    """Why every gate closes for answers nobody reads, or None while a bridge reads them.
+
+    Nobody reads them when answers wait, no bridge asks for more (a pull request would
+    be answered at once) and nothing was delivered for ``idle_after_s`` (the bridge's ack
+    wait: a bridge that died holding messages gives them back only after it).
+    """
+    if backlog is None or backlog.waiting == 0 or backlog.pulls > 0:
+        return None
+    if backlog.idle_s < idle_after_s:
+        return None
+    return (
+        f"{UNREAD_REASON} ({backlog.waiting} answers wait in JetStream, none taken for "
+        f"{backlog.idle_s:.0f} s)"
+    )
+
+
 async def check_gate(
     sessions: async_sessionmaker[AsyncSession],
     *,
     recognition: RecognitionSettings,
     nats_error: str | None = None,
+    inbox: InboxBacklog | None = None,
+    idle_after_s: float = 30.0,
     now: datetime | None = None,
     pipelines: Iterable[str] = PIPELINES,
 ) -> GateState:
     """Decide the gate of each pipeline now, make any transition once, report it once.
 
     ``nats_error`` is why this process cannot reach NATS (None when it can): every
-    pipeline is held then, whatever the jobs say.
+    pipeline is held then, whatever the jobs say. ``inbox`` is the inbox consumer's
+    backlog (None when unknown): answers unread for ``idle_after_s`` hold every pipeline.
     """
     names = list(pipelines)
     state = GateState()
+    unread = unread_reason(inbox, idle_after_s=idle_after_s)
     async with sessions() as session, session.begin():
         now = now or await db_now(session)
         rows = (await session.execute(_CLOCK, {"pipelines": names})).all()
@@ -175,7 +210,8 @@ async def check_gate(
             reason = (
                 f"NATS unreachable: {nats_error}"[:300]
                 if nats_error is not None
-                else silence_reason(
+                else unread
+                or silence_reason(
                     row.pipeline,
                     oldest_unacked=row.oldest_unacked,
                     last_ack=row.last_ack,
@@ -187,6 +223,7 @@ async def check_gate(
             await _transition(session, state, row, reason, now, recognition)
     for pipeline in names:
         GATE_CLOSED.labels(pipeline).set(1 if pipeline in state.held else 0)
+    ANSWERS_UNREAD.set(inbox.waiting if unread is not None and inbox is not None else 0)
     _report(state)
     return state
 
@@ -233,13 +270,16 @@ def _report(state: GateState) -> None:
         with sentry_sdk.new_scope() as scope:
             scope.set_tag("recognition.pipeline", pipeline)
             scope.set_extra("reason", reason)
-            # NOTE: a stable message groups every closing into one Sentry issue.
-            sentry_sdk.capture_message(
-                f"Recognition gate closed for {pipeline}: jobs held", level="warning"
+            # NOTE: a stable message per cause groups every closing into one Sentry issue.
+            message = (
+                f"Recognition {UNREAD_REASON}: jobs of {pipeline} held"
+                if reason.startswith(UNREAD_REASON)
+                else f"Recognition gate closed for {pipeline}: jobs held"
             )
+            sentry_sdk.capture_message(message, level="warning")
     for pipeline in state.opened_now:
         logger.info(
-            "Recognition gate of %s open again: a service answers; %d held jobs refreshed",
+            "Recognition gate of %s open again: answers arrive; %d held jobs refreshed",
             pipeline,
             state.refreshed,
         )
@@ -268,6 +308,10 @@ def gate_lines(gates: list[dict[str, Any]]) -> list[str]:
     return [
         f"Recognition of {g['pipeline']} held since {g['closed_at'][:19]}: {g['reason']}."
         " Its jobs wait (no republish counted, no dlq, no timeout) and go on by themselves"
-        " when a service answers."
+        + (
+            " when a NATS bridge reads the answers (is `mailroom bridge nats` running?)."
+            if g["reason"].startswith(UNREAD_REASON)
+            else " when a service answers."
+        )
         for g in gates
     ]

@@ -19,10 +19,11 @@ from pydantic import SecretStr
 from actors.recognition import expire_recognition_deadlines as watchdog_actor
 from actors.recognition import publish_recognition_requests as outbox_actor
 from mailroom.adapters.nats import InMemoryPublisher, NatsClient
+from mailroom.adapters.nats.publisher import OutgoingMessage
 from mailroom.adapters.storage import build_store, content_key
 from mailroom.cli.status import collect_status
 from mailroom.recognition.contract.models import RecognitionRequest
-from mailroom.recognition.gate import check_gate
+from mailroom.recognition.gate import UNREAD_REASON, check_gate
 from mailroom.recognition.inbox.apply import InboxMessage, apply_recognition_messages
 from mailroom.recognition.outbox.relay import publish_recognition_requests
 from mailroom.recognition.watchdog import expire_recognition_deadlines
@@ -291,3 +292,58 @@ async def test_the_ack_clock_reads_an_index_of_the_acked_jobs_only(
     indexes = {node.get("Index Name") for node in plan_nodes(plan["Plan"])}
     assert "ix_recognition_job_acked" in indexes, indexes
     assert last_ack == T0
+
+
+async def test_answers_waiting_unread_in_jetstream_hold_every_job_until_a_bridge_reads_them(
+    recognition_factory, recognition_resources, nats_client, stub_broker, stub_worker
+):
+    settings = recognition_resources
+    overdue = await recognition_factory.create_job(
+        status="processing", published_at="2000-01-01", reply_deadline="2000-01-01"
+    )
+    # The inbox's consumer, as the NATS bridge creates it; then the bridge is gone.
+    subscription = await nats_client.subscribe_results()
+    nats = settings.nats
+    for number in range(3):
+        await nats_client.publish(
+            OutgoingMessage(nats.subject(nats.results_subject), b"{}", f"answer-{number}")
+        )
+    # Delivered nothing for as long as the bridge's ack wait (0 here: at once).
+    settings.nats.bridge_ack_wait_s = 0
+
+    watchdog_actor.send()
+    await drain(stub_broker, stub_worker)
+
+    job = await recognition_factory.job(overdue.job_id)
+    assert job["status"] == "processing", "no timeout while its answer may wait unread"
+    gates = await recognition_factory.rows("SELECT reason FROM recognition_gate")
+    assert [g["reason"] for g in gates] == [
+        f"{UNREAD_REASON} (3 answers wait in JetStream, none taken for 0 s)"
+    ] * 2
+    assert REGISTRY.get_sample_value("mailroom_recognition_answers_unread") == 3
+
+    # A bridge reads them: the gates open and the jobs get a fresh deadline.
+    read = 0
+    while read < 3:
+        for message in await subscription.fetch(10, 2.0):
+            await message.ack()
+            read += 1
+    await subscription.close()
+
+    async def waiting() -> int:
+        backlog = await nats_client.inbox_backlog()
+        assert backlog is not None
+        return backlog.waiting
+
+    for _ in range(100):  # the acks reach the server a moment after they are sent
+        if await waiting() == 0:
+            break
+        await asyncio.sleep(0.05)
+    watchdog_actor.send()
+    await drain(stub_broker, stub_worker)
+
+    job = await recognition_factory.job(overdue.job_id)
+    assert job["status"] == "processing" and job["reply_deadline"].year > 2000
+    gates = await recognition_factory.rows("SELECT closed_at FROM recognition_gate")
+    assert [g["closed_at"] for g in gates] == [None, None]
+    assert REGISTRY.get_sample_value("mailroom_recognition_answers_unread") == 0

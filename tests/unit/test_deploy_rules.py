@@ -97,3 +97,8 @@ def test_every_alert_has_a_summary_and_a_severity():
             assert rule["alert"].startswith("Mailroom")
             assert rule["labels"]["severity"] in ("info", "warning", "critical")
             assert rule["annotations"]["summary"]
+
+
+def test_both_causes_of_held_recognition_have_an_alert():
+    used = {name for expr in _alert_exprs() for name in METRIC.findall(expr)}
+    assert {"mailroom_recognition_gate_closed", "mailroom_recognition_answers_unread"} <= used

@@ -8,8 +8,9 @@ import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
 
+from mailroom.adapters.nats.backlog import InboxBacklog, backlog_of
 from mailroom.db.migrate import PROJECT_ROOT
-from mailroom.recognition.gate import gate_lines, silence_reason
+from mailroom.recognition.gate import UNREAD_REASON, gate_lines, silence_reason, unread_reason
 from mailroom.recognizer.pairing import real_mailbox_refusal
 from mailroom.settings import Settings
 
@@ -53,6 +54,46 @@ def test_status_line_says_since_when_why_and_that_jobs_wait():
     (line,) = gate_lines([gate])
     assert line.startswith("Recognition of image held since 2030-01-01T12:00:00: NATS")
     assert "no dlq" in line and gate_lines([]) == []
+
+
+def test_answers_waiting_with_no_bridge_pulling_for_the_ack_wait_close_every_gate():
+    reason = unread_reason(InboxBacklog(waiting=7, idle_s=31, pulls=0), idle_after_s=30)
+    assert reason == f"{UNREAD_REASON} (7 answers wait in JetStream, none taken for 31 s)"
+
+
+def test_answers_a_bridge_reads_or_may_still_read_keep_the_gates_open():
+    def reason(waiting, idle_s, pulls=0):
+        return unread_reason(InboxBacklog(waiting, idle_s, pulls), idle_after_s=30)
+
+    assert reason(0, 3600) is None  # nothing waits
+    assert reason(7, 29) is None  # delivered within the ack wait
+    assert reason(7, 3600, pulls=1) is None  # a bridge asks: the answer goes out at once
+    assert unread_reason(None, idle_after_s=30) is None  # unknown is no evidence
+
+
+def test_the_backlog_is_read_by_the_servers_clock_from_a_consumer_info_reply():
+    info = {
+        "ts": "2030-01-01T12:00:40.123456789Z",
+        "created": "2030-01-01T11:00:00Z",
+        "delivered": {"consumer_seq": 3, "stream_seq": 9, "last_active": "2030-01-01T12:00:10Z"},
+        "num_pending": 5,
+        "num_ack_pending": 2,
+        "num_waiting": 0,
+    }
+    backlog = backlog_of(info)
+    assert backlog is not None
+    assert (backlog.waiting, backlog.pulls, round(backlog.idle_s, 3)) == (7, 0, 30.123)
+    never = backlog_of({**info, "delivered": {"consumer_seq": 0, "stream_seq": 0}})
+    assert never is not None and round(never.idle_s) == 3640  # since the consumer was created
+    assert backlog_of({"error": {"code": 404}}) is None
+    assert backlog_of({k: v for k, v in info.items() if k != "ts"}) is None
+
+
+def test_status_line_of_unread_answers_points_at_the_bridge():
+    gate = {"pipeline": "tabular", "closed_at": NOW.isoformat(), "reason": UNREAD_REASON}
+    (line,) = gate_lines([gate])
+    assert "answers unread: the NATS bridge is not consuming" in line
+    assert "`mailroom bridge nats`" in line and "when a service answers" not in line
 
 
 def test_reference_recognizer_may_run_beside_real_mail_only_under_mailroom_dev():

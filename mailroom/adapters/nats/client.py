@@ -16,6 +16,7 @@ import nats.errors
 from nats.aio.client import Client as NatsConnection
 from nats.js import JetStreamContext
 
+from mailroom.adapters.nats.backlog import InboxBacklog, read_inbox_backlog
 from mailroom.adapters.nats.login import connect_error, connect_options, server_urls
 from mailroom.adapters.nats.publisher import (
     OutgoingMessage,
@@ -171,6 +172,12 @@ class NatsClient:
         if self.jetstream:
             return await subscribe_pull(self._require_js(), self.settings)
         return await subscribe_core(self._require_nc(), self.settings)
+
+    async def inbox_backlog(self) -> InboxBacklog | None:
+        """The inbox consumer's unread answers (None without JetStream, consumer or answer)."""
+        if not self.jetstream or not self.is_connected:
+            return None
+        return await read_inbox_backlog(self._require_nc(), self.settings)
 
     async def watch(self, subject: str, *, buffer: int = 1_000) -> ResultSubscription:
         """Every message on ``subject`` (no queue group, no JetStream consumer)."""
