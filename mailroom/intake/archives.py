@@ -24,6 +24,7 @@ import tarfile
 import zipfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import IO
 
 from mailroom.intake.charsets import decode_unlabelled
 from mailroom.intake.containers import Nested, Opened
@@ -191,7 +192,7 @@ class _CountingReader(io.RawIOBase):
 
 
 def _read_bounded(
-    member: io.BufferedIOBase | zipfile.ZipExtFile,
+    member: IO[bytes],
     declared: int,
     budget: ArchiveBudget,
     packed: int,
