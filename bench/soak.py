@@ -8,8 +8,12 @@ invoice each at ``--rate`` per second; every ``--kill-every-s`` a random process
 (worker, either bridge, scheduler, recognizer) is SIGKILLed with its children and
 started again at once, and once, halfway between two of those kills, Redis is
 SIGKILLed and started again on the same port and data dir (AOF, so it comes back
-with its data). A process that exits on its own is restarted as a supervisor
-would, and counted. Then the flow stops and the system drains (at most
+with its data). Once, a fifth into the flow, the NATS bridge is SIGKILLed and kept
+down for ``--bridge-down-s`` (25 s with ``--quick``, else 60 s), longer than the
+reply deadline the run sets (5 s less) and than the no-ack window (20 s): the
+recognizer's answers wait in JetStream meanwhile, and no mail may be told it
+failed. A process that exits on its own is restarted as a supervisor would, and
+counted. Then the flow stops and the system drains (at most
 ``--drain-s``); the final count is taken 5 s after, so a late re-send is counted.
 
 **Lost** counts appended mails (each known by its UID from APPENDUID) that did not
@@ -39,18 +43,22 @@ all of these hold:
 * ``document`` rows beyond the first per recognition job;
 * ``channel_message`` rows beyond the first per dedupe key.
 
+**Renotified** counts mails with more than one notification on a route: a mail
+first notified under one final state and then under another (failed, then
+recognized once the answer was read) was told something untrue first.
+
 Outcomes that are stated but not the effect (files in ERROR, jobs in ``dlq`` or
 ``timeout``, messages ``uncertain`` or ``failed``) are printed as the breakdown.
 
 Usage: ``uv run python bench/soak.py [--quick] [--duration-s S] [--rate R]
-[--kill-every-s S] [--drain-s S] [--seed N] [--keep]``. ``--quick`` finishes in
+[--kill-every-s S] [--bridge-down-s S] [--drain-s S] [--seed N] [--keep]``. ``--quick`` finishes in
 under two minutes on an idle machine (a 40 s flow, a kill every 8 s, at most 90 s
 to drain); the default flow lasts 5 minutes with a kill every 30 s. On a busy
 machine a killed process takes long to start again (importing the worker costs
 seconds of CPU), which the drain waits out. The state dir (logs of every process)
 is kept with ``--keep``, or when something was lost or duplicated or a process
-exited on its own. The last two lines are ``RESULT soak_lost value=… target=0``
-and ``RESULT soak_duplicates value=… target=0``.
+exited on its own. The last three lines are ``RESULT soak_lost value=… target=0``,
+``RESULT soak_duplicates value=… target=0`` and ``RESULT soak_renotified value=… target=0``.
 """
 
 from __future__ import annotations
@@ -89,6 +97,13 @@ ROUTES = [{"channel": "log", "recipient": "ops"}, {"channel": "webhook", "recipi
 WEBHOOK_ROUTE = 1
 #: The reference recognizer's log line for an answer it published (and flushed).
 ANSWERED = re.compile(r"recognizer: job ([0-9a-f-]{36}) attempt (\d+) answered")
+#: Mails notified more than once on one route (each final state has its own dedupe key).
+RENOTIFIED = """
+    SELECT count(DISTINCT mail_id) FROM (
+        SELECT mail_id FROM channel_message WHERE mail_id IS NOT NULL
+         GROUP BY mail_id, channel HAVING count(*) > 1
+    ) AS twice
+"""
 #: How long the check waits after the drain before its final count.
 SETTLE_S = 5.0
 
@@ -258,6 +273,7 @@ def run_flow(
     duration_s: float,
     rate: float,
     kill_every_s: float,
+    bridge_down_s: float,
     rng: random.Random,
 ) -> Flow:
     flow = Flow()
@@ -266,15 +282,28 @@ def run_flow(
     kill_times = [t for t in kill_times if t < duration_s]
     # Redis once, halfway between two process kills in the middle of the run.
     redis_at = kill_every_s * (len(kill_times) // 2 + 0.5)
+    # The NATS bridge once, down for longer than the reply deadline.
+    bridge_down: float | None = duration_s / 5
+    bridge_up: float | None = None
     started = time.monotonic()
     next_mail = started
     number = 0
     try:
         while (now := time.monotonic()) - started < duration_s:
             elapsed = now - started
+            if bridge_down is not None and elapsed >= bridge_down:
+                bridge_down, bridge_up = None, elapsed + bridge_down_s
+                system.kill("bridge-nats")
+                flow.kills.append((elapsed, "bridge-nats (outage)"))
+                print(f"  {elapsed:6.1f}s kill -9 bridge-nats for {bridge_down_s:g} s", flush=True)
+            if bridge_up is not None and elapsed >= bridge_up:
+                bridge_up = None
+                system.start("bridge-nats")
+                print(f"  {elapsed:6.1f}s bridge-nats started again", flush=True)
             if kill_times and elapsed >= kill_times[0]:
                 kill_times.pop(0)
-                target = rng.choice(TARGETS)
+                down = [] if bridge_up is None else ["bridge-nats"]
+                target = rng.choice([t for t in TARGETS if t not in down])
                 if system.child(target).process is None:  # died, waiting for its restart
                     system.supervisor.children.remove(system.child(target))
                 else:
@@ -303,6 +332,8 @@ def run_flow(
             time.sleep(max(0.0, min(next_mail - time.monotonic(), 0.2)))
     finally:
         appender.close()
+        if bridge_up is not None:  # the flow ended first: the drain needs a bridge
+            system.start("bridge-nats")
     return flow
 
 
@@ -336,6 +367,9 @@ def main() -> None:
     parser.add_argument("--duration-s", type=float, default=None, help="length of the flow")
     parser.add_argument("--rate", type=float, default=None, help="mails appended per second")
     parser.add_argument("--kill-every-s", type=float, default=None, help="period of the kills")
+    parser.add_argument(
+        "--bridge-down-s", type=float, default=None, help="length of the NATS bridge's outage"
+    )
     parser.add_argument("--drain-s", type=float, default=None, help="longest wait to drain")
     parser.add_argument("--seed", type=int, default=None, help="seed of the kill choices")
     parser.add_argument("--keep", action="store_true", help="keep the state dir and logs")
@@ -344,6 +378,7 @@ def main() -> None:
     duration_s = args.duration_s or (40.0 if args.quick else 300.0)
     rate = args.rate or 2.0
     kill_every_s = args.kill_every_s or (8.0 if args.quick else 30.0)
+    bridge_down_s = args.bridge_down_s or (25.0 if args.quick else 60.0)
     drain_s = args.drain_s or (90.0 if args.quick else 240.0)
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     rng = random.Random(seed)
@@ -368,6 +403,8 @@ def main() -> None:
             folder=FOLDER,
             webhook=sink,
             MAILROOM_DELIVERY__ROUTES=json.dumps(ROUTES),
+            # Shorter than the bridge's outage, so the outage outlasts it.
+            MAILROOM_RECOGNITION__REPLY_DEADLINE_S=str(max(1.0, bridge_down_s - 5)),
         )
         (base / "logs").mkdir()
         system = System(env, libpq_dsn(postgres.url()), FOLDER, imap, sink, base / "logs")
@@ -385,9 +422,11 @@ def main() -> None:
             duration_s=duration_s,
             rate=rate,
             kill_every_s=kill_every_s,
+            bridge_down_s=bridge_down_s,
             rng=rng,
         )
         drained_s, result = drain(system, [warm_uid, *flow.appended], drain_s)
+        renotified = int(system.scalar(RENOTIFIED))
     finally:
         if system is not None:
             system.stop()
@@ -397,7 +436,7 @@ def main() -> None:
             server.stop()
     total_s = time.monotonic() - clock
 
-    killed = Counter(target for _, target in flow.kills)
+    killed = Counter(target.split(" ")[0] for _, target in flow.kills)
     duplicates = sum(result.duplicates.values())
     print(
         f"flow: {len(flow.appended)} mails appended in {duration_s:g} s (and 1 warm-up mail) "
@@ -420,12 +459,14 @@ def main() -> None:
     print(f"blocked at the cursor (stated terminal): {result.blocked}")
     print("lost: " + (", ".join(f"{w} {n}" for w, n in result.missing.items()) or "none"))
     print("duplicates: " + ", ".join(f"{w} {n}" for w, n in result.duplicates.items()))
-    if args.keep or result.lost or duplicates or flow.crashes:
+    print(f"mails notified more than once on a route: {renotified}")
+    if args.keep or result.lost or duplicates or renotified or flow.crashes:
         print(f"state and logs kept in {base}")
     else:
         shutil.rmtree(base, ignore_errors=True)
     print(f"RESULT soak_lost value={result.lost} target=0")
     print(f"RESULT soak_duplicates value={duplicates} target=0")
+    print(f"RESULT soak_renotified value={renotified} target=0")
 
 
 if __name__ == "__main__":
