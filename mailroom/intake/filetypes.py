@@ -89,11 +89,17 @@ _MAGIC_TYPES = {"jfif": "jpeg", "jpe": "jpeg", "jpg": "jpeg", "tif": "tiff", "ht
 
 
 class Typing(NamedTuple):
-    """A file's type, its pipeline (None: not a document) and the rule that decided."""
+    """A file's type, its pipeline (None: not a document) and the rule that decided.
+
+    ``unreadable`` says why a file whose name or media type claims a document type is not one
+    (its bytes are something else), so the skip reason names what is wrong with the file
+    instead of calling a known type unknown.
+    """
 
     file_type: str
     pipeline: str | None
     rule: str
+    unreadable: str | None = None
 
 
 def extension(name: str) -> str:
@@ -122,11 +128,31 @@ def classify(name: str, media_type: str, data: bytes = b"") -> Typing:
         return Typing(*RECOGNIZABLE[sniffed], RULE_CONTENT)
     if by_ext and sniffed == "text" and by_ext[0] in _TEXT_TYPES:
         return Typing(*by_ext, RULE_EXTENSION)
+    claimed = by_ext or by_media
+    if claimed is not None and sniffed is not None:
+        return Typing(claimed[0], None, RULE_CONTENT, _unreadable(claimed[0], sniffed))
     if ext:
         return Typing(ext, None, RULE_EXTENSION)
     if sniffed and sniffed not in ("binary", "text"):
         return Typing(sniffed[:MAX_EXTENSION_CHARS], None, RULE_CONTENT)
     return Typing("unknown", None, RULE_CONTENT if data else RULE_MEDIA_TYPE)
+
+
+#: What sniffed bytes are, in words, for the reason a claimed document is not one.
+_SNIFFED_AS = {
+    "zip": "a ZIP archive without a workbook in it (no xl/ part)",
+    "ole": "an OLE compound file without an Excel workbook stream",
+    "text": "plain text",
+    "csv": "comma-separated text",
+    "tsv": "tab-separated text",
+    "binary": "bytes of no known format",
+}
+
+
+def _unreadable(file_type: str, sniffed: str) -> str:
+    """Why bytes sniffed as ``sniffed`` cannot be read as the ``file_type`` they were sent as."""
+    found = _SNIFFED_AS.get(sniffed, f"a {sniffed.upper()} file")
+    return f"not a readable {file_type.upper()} file: its content is {found}"
 
 
 def _fits(file_type: str, sniffed: str | None) -> bool:

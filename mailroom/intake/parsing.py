@@ -314,6 +314,8 @@ def _attachment(
         )
     elif typing.file_type == "executable":
         attachment.skip_reason = "executable content is never a document"
+    elif typing.unreadable is not None:
+        attachment.skip_reason = typing.unreadable
     elif typing.pipeline is None:
         attachment.skip_reason = f"file type {typing.file_type!r} is not recognized"
     elif (

@@ -7,7 +7,10 @@ answers 401 with the reason to a missing, stale or forged signature.
 from __future__ import annotations
 
 import ipaddress
+import os
 import ssl
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -320,3 +323,49 @@ async def test_a_refused_connect_goes_on_to_the_hosts_next_checked_address(
         await channel.aclose()
     [request] = http_receiver.requests
     assert request.headers["Host"] == f"localhost:{http_receiver.port}"
+
+
+# A receiver whose certificate a private CA signed: the webhook client trusts the CAs that
+# OpenSSL's default paths name, so SSL_CERT_FILE pointing at that CA's bundle is enough.
+SEND_WITH_DEFAULT_TRUST = """
+import asyncio, sys
+from mailroom.adapters.channels.webhook import WebhookChannel
+from mailroom.delivery.ports import Envelope
+from mailroom.settings import DeliverySettings, WebhookAccount
+
+async def main() -> None:
+    port = int(sys.argv[1])
+    settings = DeliverySettings(
+        webhook_accounts={"default": WebhookAccount(url=f"https://localhost:{port}/hook")},
+        webhook_allowed_hosts=["localhost", "127.0.0.1"],
+    )
+    channel = WebhookChannel("default", settings)
+    try:
+        await channel.send(Envelope(7, "webhook", "default", "ops", "Invoice", "total 10", 1, 1))
+    finally:
+        await channel.aclose()
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("https_receiver", ["localhost"], indirect=True)
+@pytest.mark.parametrize("trust_the_ca", [True, False])
+def test_a_private_ca_is_trusted_through_ssl_cert_file(https_receiver, trust_the_ca):
+    port, ca_file, hosts = https_receiver
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MAILROOM_", "SSL_CERT"))}
+    if trust_the_ca:
+        env["SSL_CERT_FILE"] = str(ca_file)
+    done = subprocess.run(
+        [sys.executable, "-c", SEND_WITH_DEFAULT_TRUST, str(port)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if trust_the_ca:
+        assert done.returncode == 0, done.stderr
+        assert hosts == [f"localhost:{port}"]
+    else:
+        assert done.returncode != 0 and "CERTIFICATE_VERIFY_FAILED" in done.stderr
+        assert hosts == []

@@ -15,6 +15,7 @@ from mailroom.intake.filetypes import classify
 from mailroom.intake.parsing import Limits, parse_mail
 
 LIMITS = Limits(max_attachment_bytes=100_000, max_mail_bytes=1_000_000, max_attachments=20)
+XLSX = "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet"
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 5000
 
 
@@ -172,7 +173,34 @@ def test_the_bytes_decide_when_the_name_is_unknown_or_disagrees(name, media_type
     if expected is None:
         assert (typing.file_type, typing.pipeline) == ("executable", None)
     else:
-        assert tuple(typing) == expected
+        assert (typing.file_type, typing.pipeline, typing.rule) == expected
+
+
+@pytest.mark.parametrize(
+    ("name", "media_type", "data", "reason"),
+    [
+        (
+            "form.xlsx",
+            XLSX,
+            b"PK\x03\x04 not a workbook",
+            "not a readable XLSX file: its content is a ZIP archive without a workbook in it",
+        ),
+        ("scan.png", "image/png", b"GIF89a" + b"\x00" * 40, "not a readable PNG file: its content"),
+        ("sheet.xls", "application/vnd.ms-excel", b"a\tb\n1\t2\n", None),
+    ],
+)
+def test_a_file_whose_bytes_are_not_the_type_it_was_sent_as_is_skipped_saying_why(
+    name, media_type, data, reason
+):
+    part = MIMEApplication(data, Name=name)
+    part.replace_header("Content-Type", f'{media_type}; name="{name}"')
+    part.add_header("Content-Disposition", "attachment", filename=name)
+    (parsed,) = parse_mail(_mail(part).as_bytes(), LIMITS).attachments
+    if reason is None:  # tab-separated text sent as .xls: the bytes decide, it is a TSV
+        assert (parsed.file_type, parsed.skip_reason) == ("tsv", None)
+    else:
+        assert parsed.pipeline is None and parsed.skip_reason.startswith(reason)
+        assert "is not recognized" not in parsed.skip_reason
 
 
 def test_a_csv_part_named_ini_becomes_a_csv_file_with_its_rule():
