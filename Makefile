@@ -1,5 +1,5 @@
 .DEFAULT_GOAL := help
-.PHONY: help install fmt lint test test-all services-up migrate dev bench contracts
+.PHONY: help install fmt lint test test-all services-up migrate dev bench contracts docs docs-examples
 
 help: ## List the tasks
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -37,3 +37,10 @@ contracts: ## Regenerate the JSON Schemas and the AsyncAPI document of the NATS 
 
 bench: ## Run every benchmark in quick mode
 	for script in bench/*.py; do uv run python $$script --quick || exit 1; done
+
+docs: ## Build the documentation site into .site/ (strict: a broken link fails)
+	uv run mkdocs build --strict -f docs/mkdocs.yml
+
+docs-examples: ## Rewrite the docs' generated examples and the configuration reference
+	uv run python -m mailroom.devtools.docs_examples --write
+	uv run python -m mailroom.settings.reference --write

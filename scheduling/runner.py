@@ -24,6 +24,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+def monitor_slug(job_name: str) -> str:
+    """The Sentry cron monitor a job checks in with: its name, in a slug's spelling."""
+    return job_name.replace(":", "-").replace("_", "-")
+
+
 def _run_job(job: PeriodicJob) -> None:
     """Send the job's message and check in with its Sentry cron monitor (when Sentry is on)."""
     ok = True
@@ -41,7 +46,7 @@ def _run_job(job: PeriodicJob) -> None:
 
     status = MonitorStatus.OK if ok else MonitorStatus.ERROR
     capture_checkin(
-        monitor_slug=job.name.replace(":", "-").replace("_", "-"),
+        monitor_slug=monitor_slug(job.name),
         status=status,
         monitor_config={
             "schedule": {

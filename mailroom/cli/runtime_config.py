@@ -34,7 +34,7 @@ OPERATOR_OPTION = typer.Option(
 _HELP = {
     "mailbox": (
         "IMAP mailboxes intake reads, kept in Postgres. The config is a MailboxSettings "
-        "object (README, Configuration reference); the poller sees a change within one poll "
+        "object (docs: Configuration, the reference); the poller sees a change within one poll "
         "interval."
     ),
     "account": (

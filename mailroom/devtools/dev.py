@@ -12,6 +12,7 @@ from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from types import FrameType
+from typing import Any
 from urllib.parse import urlsplit
 
 import psycopg
@@ -275,16 +276,21 @@ class StageView:
         self.console = console
         self.last = ""
 
+    @classmethod
+    def line(cls, conn: psycopg.Connection[Any]) -> str:
+        """The counts of every stage, as one line."""
+        parts = []
+        for stage, sql in cls.QUERIES.items():
+            counts = ", ".join(f"{s} {n}" for s, n in sorted(conn.execute(sql).fetchall()))
+            parts.append(f"{stage}: {counts or '-'}")
+        return " | ".join(parts)
+
     def refresh(self) -> None:
         try:
             with psycopg.connect(self.dsn, connect_timeout=2) as conn:
-                parts = []
-                for stage, sql in self.QUERIES.items():
-                    counts = ", ".join(f"{s} {n}" for s, n in sorted(conn.execute(sql).fetchall()))
-                    parts.append(f"{stage}: {counts or '-'}")
+                line = self.line(conn)
         except psycopg.Error as exc:
-            parts = [f"database unavailable: {exc}"]
-        line = " | ".join(parts)
+            line = f"database unavailable: {exc}"
         if line != self.last:
             self.last = line
             self.console.print(

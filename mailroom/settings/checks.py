@@ -58,7 +58,7 @@ def check_variable(model: type[BaseModel], name: str, value: str) -> None:
         if part not in fields:
             raise UnknownSettingError(
                 f"{name.upper()} is not a setting{_hint(fields, path, depth)}; see the "
-                "configuration reference in README.md"
+                "configuration reference (docs/pages/configuration.md)"
             )
         annotation = fields[part].annotation
         nested = _model(annotation)

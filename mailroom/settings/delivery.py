@@ -67,7 +67,7 @@ class EmailAccount(StrictModel):
     #: ``oauthbearer`` with a token from ``oauth`` for ``username``.
     auth: AuthKind = "password"
     #: The token endpoint and grant of a token login (keys: token_url, client_id, client_secret,
-    #: grant, refresh_token, scope, refresh_margin_s, timeout_s; see the README on logins).
+    #: grant, refresh_token, scope, refresh_margin_s, timeout_s; see the operating guide on logins).
     oauth: OAuthSettings | None = None
     sender: str = "mailroom@localhost"
     timeout_s: float = 10.0

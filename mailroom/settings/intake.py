@@ -37,7 +37,7 @@ class MailboxSettings(StrictModel):
     #: ``password`` (LOGIN), or ``xoauth2`` / ``oauthbearer`` with a token from ``oauth``.
     auth: AuthKind = "password"
     #: The token endpoint and grant of a token login (keys: token_url, client_id, client_secret,
-    #: grant, refresh_token, scope, refresh_margin_s, timeout_s; see the README on logins).
+    #: grant, refresh_token, scope, refresh_margin_s, timeout_s; see the operating guide on logins).
     oauth: OAuthSettings | None = None
     folder: str = "INBOX"
     enabled: bool = True

@@ -1,7 +1,8 @@
-"""The configuration reference in README.md, generated from the Settings class.
+"""The configuration reference of the docs (``docs/pages/configuration.md``), generated from the
+Settings class.
 
 ``python -m mailroom.settings.reference --write`` rewrites the block between the
-markers; a unit test fails when the README and the settings drift apart.
+markers; a unit test fails when the page and the settings drift apart.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pydantic.fields import FieldInfo
 
 from mailroom.settings import Settings
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "pages" / "configuration.md"
 START = "<!-- settings-reference:start -->"
 END = "<!-- settings-reference:end -->"
 
@@ -109,8 +110,8 @@ def render() -> str:
     return "\n".join(lines)
 
 
-def with_reference(readme: str) -> str:
-    head, _, rest = readme.partition(START)
+def with_reference(page: str) -> str:
+    head, _, rest = page.partition(START)
     _, _, tail = rest.partition(END)
     return f"{head}{START}\n{render()}\n{END}{tail}"
 
@@ -121,5 +122,5 @@ def env_names() -> set[str]:
 
 
 if __name__ == "__main__" and "--write" in sys.argv:
-    README.write_text(with_reference(README.read_text()))
-    print(f"updated {README}")
+    PAGE.write_text(with_reference(PAGE.read_text()))
+    print(f"updated {PAGE}")

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
@@ -17,6 +18,8 @@ import pytest
 from imapclient import IMAPClient
 
 from mailroom.db.migrate import PROJECT_ROOT
+from mailroom.devtools import docs_examples
+from mailroom.devtools.dev import StageView
 from mailroom.devtools.imap import DEMO_PASSWORD, DEMO_USER
 from mailroom.devtools.seed import build_mail, invoice_csv, sample_mails
 from mailroom.devtools.stack import free_port
@@ -29,16 +32,22 @@ def _listening(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
+def _dev_env(ports: dict[str, int]) -> dict[str, str]:
+    """The environment of a ``mailroom dev`` on ``ports``, and of a command beside it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MAILROOM_")}
+    env.update(
+        MAILROOM_DATABASE__URL=f"postgresql+psycopg://postgres@127.0.0.1:{ports['pg']}/mailroom",
+        MAILROOM_REDIS__URL=f"redis://127.0.0.1:{ports['redis']}/0",
+        MAILROOM_NATS__URL=f"nats://127.0.0.1:{ports['nats']}",
+    )
+    return env
+
+
 class DevRun:
     """One ``mailroom dev`` process and the lines it prints."""
 
     def __init__(self, state_dir: Path, ports: dict[str, int]) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("MAILROOM_")}
-        env.update(
-            MAILROOM_DATABASE__URL=f"postgresql+psycopg://postgres@127.0.0.1:{ports['pg']}/mailroom",
-            MAILROOM_REDIS__URL=f"redis://127.0.0.1:{ports['redis']}/0",
-            MAILROOM_NATS__URL=f"nats://127.0.0.1:{ports['nats']}",
-        )
+        env = _dev_env(ports)
         self.lines: list[str] = []
         self.ready = threading.Event()
         self.process = subprocess.Popen(
@@ -108,6 +117,63 @@ def _wait_for_scheduler(dsn: str, run: DevRun) -> None:
     pytest.fail("scheduler never connected:\n" + run.output)
 
 
+def _settled_stage_line(dsn: str) -> str:
+    """The stage counts once every mail is final and every notification delivered."""
+    deadline = time.monotonic() + 90
+    line = ""
+    while time.monotonic() < deadline:
+        with psycopg.connect(dsn) as conn:
+            line = StageView.line(conn)
+            waiting = conn.execute(
+                "SELECT (SELECT count(*) FROM inbound_mail WHERE status <> 'final')"
+                " + (SELECT count(*) FROM channel_message WHERE status <> 'delivered')"
+            ).fetchone()
+        if waiting == (0,) and "notifications: -" not in line:
+            return line
+        time.sleep(0.5)
+    pytest.fail(f"the samples never settled: {line}")
+
+
+def _status_work_tables(ports: dict[str, int]) -> str:
+    """``mailroom status``'s counts and what needs an operator, at 80 columns."""
+    done = subprocess.run(
+        [sys.executable, "-m", "mailroom", "status"],
+        env={**_dev_env(ports), "COLUMNS": "80", "NO_COLOR": "1"},
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    lines = done.stdout.splitlines()
+    end = next(i for i, line in enumerate(lines) if line.strip() == "Oldest item per stage")
+    return "\n".join(line.rstrip() for line in lines[:end]).strip("\n")
+
+
+def _check_example(name: str, shown: str, *, same: Callable[[str, str], bool]) -> None:
+    """The docs' example ``name`` shows ``shown``; with DOCS_EXAMPLES_WRITE=1 it is rewritten."""
+    if os.environ.get("DOCS_EXAMPLES_WRITE") == "1":
+        docs_examples.write_block(name, docs_examples.fenced(shown))
+    _, block = docs_examples.find_block(name)
+    in_docs = block.strip().removeprefix("```").removesuffix("```").strip("\n")
+    assert same(in_docs, shown), (
+        f"the docs' example {name!r} is stale; it should read:\n{shown}\n"
+        "(rerun this test with DOCS_EXAMPLES_WRITE=1 to rewrite it)"
+    )
+
+
+def _same_stage_line(in_docs: str, shown: str) -> bool:
+    return in_docs.split(" ", 1)[1] == shown.split(" ", 1)[1]  # the time it was printed differs
+
+
+def _same_status(in_docs: str, shown: str) -> bool:
+    # The mailbox's cursor is idle or processing (waiting in IDLE) as the poll goes.
+    def steady(text: str) -> list[str]:
+        return [line for line in text.splitlines() if not line.strip().startswith("cursors")]
+
+    return steady(in_docs) == steady(shown)
+
+
 def _mail_count(dsn: str) -> int:
     with psycopg.connect(dsn) as conn:
         row = conn.execute("SELECT count(*) FROM inbound_mail").fetchone()
@@ -137,8 +203,12 @@ def test_dev_delivers_the_sample_mails_once_and_stops_cleanly_on_ctrl_c(tmp_path
         with psycopg.connect(dsn) as conn:
             assert conn.execute("SELECT version_num FROM alembic_version").fetchone()
         _wait_for_scheduler(dsn, run)
-        # What a new user sees: every sample mail ends as a notification at the webhook sink.
+        # What a new user sees: every sample mail ends as a notification at the webhook sink,
+        # and the getting-started page shows where they end.
         run.wait_for_webhooks(samples, 90)
+        settled = _settled_stage_line(dsn)
+        _check_example("dev-stages", "13:30:35 " + settled, same=_same_stage_line)
+        _check_example("dev-status", _status_work_tables(ports), same=_same_status)
     finally:
         code = run.stop()
     assert code == 0, run.output

@@ -239,7 +239,7 @@ def build_asyncapi() -> dict[str, Any]:
                 "`TIMEOUT`. With JetStream the subjects are captured by the stream "
                 f"`{nats.stream_name}` (duplicate window {nats.duplicate_window_s} s on "
                 f"`{MSG_ID_HEADER}`). Readers ignore unknown fields and accept any `1.x` "
-                'schema version. See README, "Writing a recognition service".'
+                'schema version. See the documentation, "Writing a recognition service".'
             ),
         },
         "defaultContentType": "application/json",
