@@ -75,8 +75,8 @@ def host_steal_s() -> float:
     """Seconds this VM's cores were ready to run while the hypervisor ran others (steal).
 
     Printed beside the window's CPU, as the one slowdown from outside the VM reports (0
-    where it does not). It is not the whole of it: the same window took 17 to 25 CPU s
-    on one evening with little steal (README, Benchmarks).
+    where it does not). It is not the whole of it: the same window can take 17 to 25 CPU s
+    on one machine with little steal.
     """
     return float(getattr(psutil.cpu_times(), "steal", 0.0))
 

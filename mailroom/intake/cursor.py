@@ -60,8 +60,8 @@ async def lease_transaction(
 ) -> AsyncIterator[AsyncSession]:
     """``transaction`` for the lease's own bookkeeping, committed without waiting for the WAL flush.
 
-    Asynchronous commit: each poll's claim, attempt count, renewals and finish no longer wait
-    for a disk flush (each of them did, on a busy disk up to a tenth of a second a poll).
+    Asynchronous commit: each poll's claim, attempt count, renewals and finish do not wait
+    for a disk flush (on a busy disk, waiting for each of them costs up to a tenth of a second a poll).
     Only a crash of Postgres itself can lose the last of them, never a worker's death, and
     a lost one is harmless: every mail's commit fences on the lease and flushes the WAL up to
     itself, so no mail is stored under a claim that is not durable; a lost finish leaves a

@@ -220,7 +220,7 @@ async def store_mails(
     still fenced on the lease, so a lost lease stops the group at that mail): a commit per mail
     cost Postgres about as much CPU as the mail's statement. When anything in it fails, the
     group is rolled back and stored again one transaction per mail, so the mails before the one
-    that failed are committed, as before.
+    that failed are committed.
     """
     if not pg.autocommit:
         raise RuntimeError("store_mails needs an autocommit connection")

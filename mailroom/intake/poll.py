@@ -121,7 +121,7 @@ async def poll_mailbox(name: str, *, settings: IntakeSettings, deps: IntakeDeps)
     except LeaseLost as exc:
         await _give_back(ctx, deps)
         return _lease_lost(name, exc)
-    # Where a poll's time went, to tell a slow server from a slow database (README, Benchmarks).
+    # Where a poll's time went, on its log line: it tells a slow server from a slow database.
     phases = (
         f"claim {claimed_at - started:.3f} s, IMAP setup {result.setup_s:.3f} s, "
         f"mails {batch_done_at - claimed_at - result.setup_s:.3f} s, "

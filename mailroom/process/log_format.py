@@ -45,7 +45,7 @@ class CurrentStderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
     ``write`` to the stderr it inherited (``fd``, where the parent would have written it)
     instead. Lines of several processes stay whole: one write of at most ``PIPE_BUF``
     bytes goes into a pipe whole, and appends to a file do not mix; a longer record (a long
-    traceback) goes through the parent's pipe as before.
+    traceback) goes through the parent's pipe.
     """
 
     #: The inherited stderr a worker process writes to.

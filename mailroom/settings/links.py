@@ -156,8 +156,8 @@ class NatsSettings(StrictModel):
     stream_max_age_s: float = 7 * 24 * 3600
     # Each inbox batch costs its worker and Postgres a fixed part (the actor message, the
     # statements and commits, the follow-up sends, the thread switches: about 10 ms of worker
-    # CPU on two busy cores) beside ~45 us a result; 200 a batch against 100 cut the worker's
-    # CPU per result from ~145 to ~95 us (bench/outbox.py, issue 14's tenth session).
+    # CPU on two busy cores) beside ~45 us a result; 200 a batch rather than 100 takes the
+    # worker's CPU per result from ~145 to ~95 us (bench/outbox.py).
     #: Messages the bridge fetches per JetStream pull, and most it sends in one actor message.
     bridge_fetch_batch: int = 200
     #: Longest wait of one JetStream pull, in seconds.

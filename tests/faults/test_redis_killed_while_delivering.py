@@ -123,9 +123,9 @@ def test_redis_killed_while_a_batch_settles_sends_nothing_twice(own_redis, make_
         "webhook keys unknown": sorted(set(posts) - {f"{mid}:1" for mid in webhook_ids}),
         "webhook POSTs per key above 1": {key: n for key, n in posts.items() if n != 1},
     }
-    # NOTE: a message in flight at the kill is sometimes counted a second attempt (3 of them in
-    # one CI run of session 5) although its one POST was recorded and never repeated: printed
-    # here, not asserted, until that extra count is explained (see the session 5 note).
+    # NOTE: a message in flight at the kill is sometimes counted a second attempt although its
+    # one POST was recorded and never repeated: printed here, not asserted, as the extra count
+    # is not explained.
     attempted_again = [
         row[0]
         for row in system.query(

@@ -222,8 +222,8 @@ async def test_an_ack_and_its_result_in_batches_side_by_side_both_go_the_batch_w
     first = asyncio.create_task(apply(db_sessions, ack(job)))
     await first_inside.wait()
     second = asyncio.create_task(apply(db_sessions, error_result(job)))
-    # The second batch either waits for the first's hold on the job, or (the old way) has
-    # counted the first's attempt as a death and gone on one by one.
+    # The second batch either waits for the first's hold on the job, or (without the hold)
+    # would have counted the first's attempt as a death and gone on one by one.
     async with db_sessions() as session:
         for _ in range(500):
             waiting = await session.scalar(

@@ -1,4 +1,4 @@
-"""``mailroom dev`` supplies the mailbox and plain IMAP the product no longer defaults to."""
+"""``mailroom dev`` supplies the mailbox and plain IMAP the product does not default to."""
 
 from __future__ import annotations
 

@@ -185,7 +185,7 @@ async def settle_dead_batches(pg: Connection, ids: str) -> None:
     """The dead batches' rows let go of the held jobs ``ids``: one transaction, one round trip.
 
     Best effort: the messages are applied, and rows left as they were only send the jobs'
-    next batch one by one again, as before.
+    next batch one by one.
     """
     try:
         async with pg.pipeline():
