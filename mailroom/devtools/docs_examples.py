@@ -87,30 +87,38 @@ def samples() -> str:
     return "\n".join(rows) + "\n"
 
 
-#: Commands that stop at their settings, with the environment each runs in.
-CONFIG_ERRORS: list[tuple[str, str, str]] = [
-    ("MAILROOM_INTAKE__MAILBOXES", '[{"name":"x","host":"h","pasword":"p"}]', "status"),
-    ("MAILROOM_INTAKE__BATCH_SIZE", "5", "status"),
-    ("MAILROOM_DATABASE__URL", "postgresql+psycopg://nobody@127.0.0.1:1/x", "status"),
+#: ``mailroom status`` in environments that stop it: a wrong setting each, and in the last one
+#: links to production hosts (not the dev stack's ports) with Postgres's unreachable.
+CONFIG_ERRORS: list[dict[str, str]] = [
+    {"MAILROOM_INTAKE__MAILBOXES": '[{"name":"x","host":"h","pasword":"p"}]'},
+    {"MAILROOM_INTAKE__BATCH_SIZE": "5"},
+    {
+        "MAILROOM_DATABASE__URL": "postgresql+psycopg://mailroom@127.0.0.1:1/mailroom",
+        "MAILROOM_REDIS__URL": "redis://redis.internal:6379/0",
+        "MAILROOM_NATS__URL": "nats://nats.internal:4222",
+    },
 ]
 
 
 def config_errors() -> str:
-    """``mailroom status`` run with a wrong setting each, and what it prints."""
+    """``mailroom status`` run with each of ``CONFIG_ERRORS``, and what it prints."""
     lines = []
-    for variable, value, command in CONFIG_ERRORS:
+    for variables in CONFIG_ERRORS:
         env = {k: v for k, v in os.environ.items() if not k.startswith("MAILROOM_")}
-        env[variable] = value
+        env.update(variables)
         done = subprocess.run(
-            [sys.executable, "-m", "mailroom", command],
+            [sys.executable, "-m", "mailroom", "status"],
             env=env,
             capture_output=True,
             text=True,
             timeout=60,
             check=False,
         )
-        shown = f"'{value}'" if not value.isalnum() else value
-        lines.append(f"$ {variable}={shown} mailroom {command}")
+        shown = [
+            f"{name}='{value}'" if not value.isalnum() else f"{name}={value}"
+            for name, value in variables.items()
+        ]
+        lines.append("$ " + " \\\n  ".join(shown) + " mailroom status")
         lines += (done.stdout + done.stderr).rstrip().splitlines()
         lines.append(f"$ echo $?\n{done.returncode}")
     return fenced("\n".join(lines), "console")
