@@ -15,6 +15,7 @@ import re
 import secrets
 from dataclasses import dataclass
 from email.message import Message
+from typing import NamedTuple
 
 #: Mails smaller than this are parsed as they are, in bytes.
 MIN_MAIL_BYTES = 1024 * 1024
@@ -146,7 +147,16 @@ def _decode_start(text: bytes) -> bytes:
 _SPACE = b" \t\r\n"
 
 
-def read_part(part: Message, elided: ElidedMail | None, max_bytes: int) -> tuple[bytes, int] | None:
+class PartRead(NamedTuple):
+    """A part's bytes (only their start when over the limit), its size, and where its body is."""
+
+    data: bytes
+    size: int
+    #: The part's base64 body in the raw mail, when it was cut out of the parser's text.
+    span: tuple[int, int] | None = None
+
+
+def read_part(part: Message, elided: ElidedMail | None, max_bytes: int) -> PartRead | None:
     """A base64 leaf part over ``max_bytes``, or one cut out of the parser's text.
 
     Over ``max_bytes`` the bytes are only its start (for its type) and the size is told by
@@ -162,10 +172,10 @@ def read_part(part: Message, elided: ElidedMail | None, max_bytes: int) -> tuple
         if span is not None and encoding == "base64":
             size = base64_size(elided.raw, span)
             if size > max_bytes:
-                return decode_head(elided.raw, span), size
+                return PartRead(decode_head(elided.raw, span), size, span)
             data = decode_base64(elided.raw, span)
             if data is not None:
-                return data, len(data)
+                return PartRead(data, len(data), span)
         payload = elided.restore(payload)
         part.set_payload(payload)
     if encoding == "base64" and len(payload) * 3 // 4 > max_bytes:
@@ -174,5 +184,5 @@ def read_part(part: Message, elided: ElidedMail | None, max_bytes: int) -> tuple
         padding = len(tail) - len(tail.rstrip(b"="))
         size = (len(text) - sum(text.count(c) for c in _SPACE)) * 3 // 4 - padding
         if size > max_bytes:
-            return _decode_start(text[:HEAD_BYTES]), size
+            return PartRead(_decode_start(text[:HEAD_BYTES]), size)
     return None

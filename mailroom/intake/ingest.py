@@ -29,6 +29,7 @@ from mailroom.intake.parsing import (
     parse_mail,
     parse_oversize,
 )
+from mailroom.intake.stored_mail import stored_mail
 
 logger = logging.getLogger(__name__)
 
@@ -105,8 +106,12 @@ async def prepare_group(
     owners: list[tuple[int, int | None]] = []
     for index, (mail, p) in enumerate(parsed):
         if p.problem is None:  # parsed whole: ``p.sha256`` is the hash of ``mail.raw``
-            key = digest_key(p.sha256, prefix="mail", suffix=".eml")
-            requests.append(PutRequest("mail", key, mail.raw, "message/rfc822", p.sha256))
+            trimmed = stored_mail(mail.raw, p.attachments)
+            data, digest = (
+                (mail.raw, p.sha256) if trimmed is None else (trimmed, sha256_hex(trimmed))
+            )
+            key = digest_key(digest, prefix="mail", suffix=".eml")
+            requests.append(PutRequest("mail", key, data, "message/rfc822", digest))
             owners.append((index, None))
         for position, attachment in enumerate(p.attachments):
             if request := _attachment_request(attachment):
@@ -147,7 +152,9 @@ def _drop_bytes(mail: FetchedMail, parsed: ParsedMail) -> FetchedMail:
 def _attachment_request(attachment: ParsedAttachment) -> PutRequest | None:
     if attachment.skip_reason and not attachment.data:
         return None  # over a limit: recorded on its file row, never stored
-    suffix = f".{attachment.extension}" if attachment.extension else ""
+    # The decided type, not the sender's name: a CSV named .pdf is stored as .csv.
+    file_type = attachment.file_type
+    suffix = f".{file_type}" if file_type != "unknown" and file_type.isalnum() else ""
     digest = sha256_hex(attachment.data)
     key = digest_key(digest, prefix="attachments", suffix=suffix)
     return PutRequest("incoming", key, attachment.data, attachment.media_type, digest)

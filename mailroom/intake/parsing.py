@@ -143,6 +143,9 @@ class ParsedAttachment:
     check_reason: str | None = None
     #: The MIME part it was (IMAP section numbering: ``2.1``); None for a container's files.
     section: str | None = None
+    #: Where its body is in the raw mail, for a part refused for its size (left out of the
+    #: stored mail: ``storage``); None when it is not there as it is (inside a decoded part).
+    removed_span: tuple[int, int] | None = None
 
     @property
     def extension(self) -> str:
@@ -179,18 +182,31 @@ def parse_mail(raw: bytes, limits: Limits) -> ParsedMail:
     hints = CharsetHints(message)
     _read_headers(parsed, message, hints)
     token, hinted = _ELIDED.set(elided), _HINTS.set(hints)
-    budgeted = _BUDGET.set(limits.archive_budget())
+    budgeted, raw_set = _BUDGET.set(limits.archive_budget()), _RAW.set(_RawMail(raw))
     try:
         _collect(message, limits, parsed, parent=None, depth=0, prefix="")
     finally:
         _ELIDED.reset(token)
         _HINTS.reset(hinted)
         _BUDGET.reset(budgeted)
+        _RAW.reset(raw_set)
     return parsed
 
 
 #: The big mail being parsed, when its big bodies were cut out of the parser's text.
 _ELIDED: ContextVar[ElidedMail | None] = ContextVar("elided", default=None)
+
+
+@dataclass
+class _RawMail:
+    """The raw bytes of the mail being parsed, and how far they were searched for bodies."""
+
+    data: bytes
+    searched: int = 0
+
+
+#: The mail being parsed, where the bodies of parts refused for size are.
+_RAW: ContextVar[_RawMail | None] = ContextVar("raw", default=None)
 #: The charsets the mail being parsed declares, for raw 8-bit file names.
 _HINTS: ContextVar[Hints] = ContextVar("hints", default=no_hints)
 
@@ -264,8 +280,10 @@ def _collect(
         read = read_part(part, _ELIDED.get(), limits.max_attachment_bytes)
         if decoded is not None:
             data, size = decoded, None
+        elif read is not None:
+            data, size = read.data, read.size
         else:
-            data, size = read if read is not None else (_payload(part), None)
+            data, size = _payload(part), None
         attachment = _attachment(found, limits, filename, content_type, data, size=size)
         content_id = _content_id(part)
         if (
@@ -275,6 +293,8 @@ def _collect(
         ):
             attachment.skip_reason = _INLINE_IMAGE
         attachment.section = section
+        if attachment.size > limits.max_attachment_bytes:
+            attachment.removed_span = read.span if read and read.span else _body_span(part)
         _place(found, attachment, parent)
         _open(parsed, limits, attachment, nested, depth=depth)
 
@@ -399,6 +419,30 @@ def _open(
     if count == 0:
         only_text = ", only text" if opened.message is not None else ""
         container.check_reason = f"{opened.kind}: no file inside it{only_text}"
+
+
+def _body_span(part: Message) -> tuple[int, int] | None:
+    """Where the undecoded body of the leaf ``part`` is in the raw mail, if it is there as is.
+
+    Searched after the bodies found before it, so a file attached twice is found twice.
+    """
+    payload = part.get_payload()
+    raw = _RAW.get()
+    if not isinstance(payload, str) or len(payload) < MIN_REMOVED_CHARS or raw is None:
+        return None
+    try:
+        needle = payload.encode("ascii", "surrogateescape")
+    except UnicodeEncodeError:  # text that did not come from the raw bytes as it is
+        return None
+    start = raw.data.find(needle, raw.searched)
+    if start < 0:
+        return None
+    raw.searched = start + len(needle)
+    return start, start + len(needle)
+
+
+#: Bodies shorter than this are not searched for in the raw mail (they may occur anywhere).
+MIN_REMOVED_CHARS = 256
 
 
 def _keep_unopened(container: ParsedAttachment, kind: str, limits: Limits) -> None:

@@ -1,6 +1,7 @@
 """Mail over ``max_mail_bytes`` on pymap and Dovecot: the server names it and tells its size,
 its headers alone are read, and it is recorded as oversize without its body ever being fetched.
-A big attachment over ``max_attachment_bytes`` is recorded with its size, its mail stored."""
+A big attachment over ``max_attachment_bytes`` is recorded with its size, its mail stored without
+its body."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from sqlalchemy import text
 from mailroom.adapters.imap import FetchedMail, ImapMailbox
 from mailroom.adapters.imap.memory import MemoryServer
 from mailroom.db.clock import db_now
+from mailroom.db.models import StoredObject
 from mailroom.notifications.passes import _summaries
 from mailroom.recognition.finality import finalize_settled_mails
 from mailroom.settings import MailboxSettings
@@ -106,7 +108,8 @@ async def test_an_oversize_mail_is_final_at_once_and_its_notice_says_why(intake_
     assert "big report 1" in text and "It was not read: mail of" in text and "oversize" in text
 
 
-async def test_a_big_attachment_over_its_limit_is_recorded_with_its_size_and_its_mail_stored(
+@on_every_server
+async def test_a_big_attachment_over_its_limit_is_recorded_with_its_size_and_its_mail_stored_without_it(
     intake_env,
 ):
     intake_env.settings.intake.max_attachment_bytes = 1_000_000
@@ -126,6 +129,13 @@ async def test_a_big_attachment_over_its_limit_is_recorded_with_its_size_and_its
     assert (rates.status, [j.file_id for j in await intake_env.jobs()]) == ("UPLOADED", [rates.id])
     assert mail.raw_object_id is not None and mail.last_error is None
     assert _eml_objects(intake_env) == 1
+    # The stored mail leaves the refused scan's body out and says what was removed.
+    async with intake_env.sessions() as session:
+        stored = await session.get(StoredObject, mail.raw_object_id)
+    eml = await intake_env.store.get(stored.bucket, stored.key)
+    assert stored.size == len(eml) < 100_000
+    assert b"X-Mailroom-Removed: body of " in eml and b"sha256=" in eml
+    assert mail.content_sha256 != stored.sha256, "the mail is known by the bytes received"
 
 
 async def test_mail_by_mail_after_a_death_an_oversize_mail_is_not_fetched_either(

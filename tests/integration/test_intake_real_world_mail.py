@@ -14,6 +14,7 @@ from email.mime.text import MIMEText
 
 import pytest
 
+from mailroom.db.models import StoredObject
 from mailroom.devtools.tnef import make_winmail
 from mailroom.ops.attention import needs_operator
 from tests.fixtures.imap import on_every_server
@@ -105,6 +106,9 @@ async def test_a_csv_part_named_ini_is_typed_csv_by_its_media_type_and_bytes(int
         "UPLOADED",
     )
     assert job.pipeline == "tabular"
+    async with intake_env.sessions() as session:
+        stored = await session.get(StoredObject, file.object_id)
+    assert stored.key.endswith(".csv"), "the decided type's extension, not the sender's"
 
 
 async def test_header_charsets_decode(intake_env):
