@@ -166,9 +166,8 @@ class Deliverer:
         return await self._attempt(claim)
 
     async def _attempt(self, claim: Claim) -> Outcome:
-        # The channel's own chunk size, when it declares one (a stored plan keeps its size).
-        size = self.outbound.chunk_size(claim.channel) or self.settings.chunk_size
-        plan = ChunkPlan.load(claim.body, claim.chunks, default_size=size)
+        # A stored plan keeps the size it was cut with.
+        plan = ChunkPlan.load(claim.body, claim.chunks, default_size=self.settings.chunk_size)
         try:
             if claim.attempts > self.settings.max_attempts:
                 error = f"gave up after {self.settings.max_attempts} attempts"

@@ -43,7 +43,3 @@ class Outbound(Protocol):
     def is_idempotent(self, channel: str) -> bool:
         """Whether a resend of a chunk is deduplicated by the receiver."""
         ...
-
-    def chunk_size(self, channel: str) -> int | None:
-        """The longest chunk the channel takes, in characters; None: ``delivery.chunk_size``."""
-        ...

@@ -47,9 +47,6 @@ class KeyedOutbound:
     def is_idempotent(self, channel: str) -> bool:
         return False
 
-    def chunk_size(self, channel: str) -> int | None:
-        return None
-
 
 @pytest.fixture
 def keys(delivery_redis, delivery_settings):

@@ -14,8 +14,7 @@ def test_each_channel_declares_its_capabilities():
     assert plugins["webhook"].capabilities.idempotent
     assert not plugins["email"].capabilities.idempotent
     outbound = ChannelOutbound(DeliverySettings())
-    assert outbound.chunk_size("webhook") is None, "the setting's chunk size applies"
-    assert outbound.chunk_size("no-such-channel") is None
+    assert outbound.is_idempotent("webhook") and not outbound.is_idempotent("no-such-channel")
 
 
 def answer(status: int, *, headers: dict[str, str] | None = None, **body: object) -> Reply:

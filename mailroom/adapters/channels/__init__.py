@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Protocol
 from mailroom.adapters.redis import DeliveryRedis
 from mailroom.delivery.ports import Envelope, Send
 from mailroom.errors import AccountUnusable, UnknownChannel
-from mailroom.settings import DeliverySettings, RateLimit
+from mailroom.settings import DeliverySettings
 
 if TYPE_CHECKING:
     from mailroom.config_store.effective import RuntimeAccounts
@@ -43,14 +43,14 @@ ChannelFactory = Callable[[str, DeliverySettings], Channel]
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What a channel declares about its deliveries."""
+    """What a channel declares about its deliveries.
 
-    #: Longest chunk the channel takes, in characters; None: ``delivery.chunk_size``.
-    chunk_size: int | None = None
+    Chunk sizes and rate limits are the operator's (``delivery.chunk_size``,
+    ``delivery.rate_limits``), not the channel's: no channel has one of its own.
+    """
+
     #: The receiver deduplicates resends by the envelope's idempotency key.
     idempotent: bool = False
-    #: The provider's own limit per account, used when ``delivery.rate_limits`` names none.
-    rate_limit: RateLimit | None = None
 
 
 @dataclass(frozen=True)
@@ -162,12 +162,6 @@ class ChannelOutbound:
             return plugin(channel).idempotent
         except UnknownChannel:
             return False
-
-    def chunk_size(self, channel: str) -> int | None:
-        try:
-            return plugin(channel).capabilities.chunk_size
-        except UnknownChannel:
-            return None
 
     async def invalidate(self, channel: str, account: str) -> None:
         """Forget the chain of (channel, account); the next send builds it anew."""

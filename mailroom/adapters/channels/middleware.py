@@ -58,12 +58,8 @@ class RateLimit:
 def rate_limit(
     channel: str, account: str, settings: DeliverySettings, redis: DeliveryRedis | None
 ) -> RateLimit | None:
-    """The rate limit of ``settings.rate_limits["channel:account"]``, else the channel's own."""
-    from mailroom.adapters.channels import plugin
-
-    limit = (
-        settings.rate_limits.get(f"{channel}:{account}") or plugin(channel).capabilities.rate_limit
-    )
+    """The rate limit of ``settings.rate_limits["channel:account"]``, if it names one."""
+    limit = settings.rate_limits.get(f"{channel}:{account}")
     if limit is None:
         return None
     if redis is None:
