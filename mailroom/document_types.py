@@ -2,19 +2,24 @@
 
 ``required`` lists rules: a name is a field that must be present; a list of
 names is met when at least one of them is present (an investor name or a
-customer id). A field is present when it has a value other than null or "".
+customer id). ``field_types`` names the type of a field's value (``number``,
+``integer``, ``date``, ``boolean``, ``text``): an operator's correction is parsed
+into it, and refused when it does not parse. A field is present when it has a value other than null or "".
 A rule not met is reported as its label: ``"amount"`` or ``"investor_name|customer_id"``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 #: One rule: a field name, or names of which at least one must be present.
 RequiredRule = str | list[str]
+
+#: The type of a field's value: JSON numbers and booleans, ISO dates (``2030-01-31``), text.
+FieldType = Literal["text", "number", "integer", "date", "boolean"]
 
 #: Field names are short identifiers; longer text is a mistake in the settings.
 MAX_FIELD_NAME_CHARS = 100
@@ -27,6 +32,8 @@ class DocumentType(BaseModel):
 
     #: ``["amount", ["investor_name", "customer_id"]]``: amount, and one of the two names.
     required: list[RequiredRule] = []
+    #: ``{"amount": "number", "due": "date"}``: what a corrected value is parsed into.
+    field_types: dict[str, FieldType] = Field(default_factory=dict, repr=False)
 
     @model_validator(mode="before")
     @classmethod

@@ -161,6 +161,35 @@ async def test_correct_is_a_manual_attempt_audited_and_notified_again(
     assert len(await recognition_factory.rows("SELECT id FROM channel_message")) == 2
 
 
+async def test_corrected_values_are_stored_with_their_field_types_or_refused(
+    db_sessions, recognition_factory, settings, needs_check
+):
+    types = settings.recognition.document_types
+    types["fund"] = types["fund"].model_copy(update={"field_types": {"due": "date"}})
+    async with transaction(db_sessions) as session:
+        with pytest.raises(ReviewRefused, match="field 'amount' takes an integer"):
+            await correct_file(
+                session,
+                needs_check.file_id,
+                {"amount": "lots", "customer_id": "C-9"},
+                operator="alice",
+                settings=settings.recognition,
+            )
+    assert len(await recognition_factory.jobs_of_file(needs_check.file_id)) == 1, "nothing stored"
+
+    async with transaction(db_sessions) as session:
+        await correct_file(
+            session,
+            needs_check.file_id,
+            {"amount": "510", "customer_id": "9", "due": "2030-01-31"},
+            operator="alice",
+            settings=settings.recognition,
+        )
+    [doc] = await recognition_factory.rows("SELECT fields FROM document ORDER BY id DESC LIMIT 1")
+    # amount was a number (500): it stays one; customer_id is new text; due is declared a date.
+    assert doc["fields"] == {"amount": 510, "customer_id": "9", "due": "2030-01-31"}
+
+
 async def test_accept_keeps_the_document_and_records_the_operator(
     db_sessions, recognition_factory, settings, needs_check
 ):

@@ -187,9 +187,9 @@ def test_correct_records_the_operator_and_nudges_the_notifier(db, stub_broker):
     manual = db.query(RecognitionJob).filter_by(file_id=file.id, kind="manual").one()
     assert manual.operator_id == "alice"
     document = db.query(Document).filter_by(job_id=manual.id).one()
-    assert document.fields == {"amount": "510", "customer_id": "C-9"}
+    assert document.fields == {"amount": 510, "customer_id": "C-9"}
     event = db.query(AuditEvent).filter_by(action="review.corrected").one()
-    assert event.detail["changes"]["amount"] == {"from": 500, "to": "510"}
+    assert event.detail["changes"]["amount"] == {"from": 500, "to": 510}
     shown = review("show", str(file.id))
     assert "manual" in shown.output and "alice" in shown.output
 

@@ -37,6 +37,7 @@ from mailroom.errors import ReplayRefused, ReviewConflict, ReviewRefused
 from mailroom.recognition.finality import MAX_REASON_CHARS, finalize_mails, reopen_mail
 from mailroom.recognition.replay import ReplayedJob, replay_job
 from mailroom.recognition.review.queries import REVIEWABLE
+from mailroom.recognition.review.values import typed_corrections
 from mailroom.settings import RecognitionSettings
 
 logger = logging.getLogger(__name__)
@@ -174,11 +175,12 @@ async def correct_file(
         known = ", ".join(sorted(settings.document_types))
         raise ReviewRefused(f"unknown document type {doc_type[:100]!r}; known: {known}")
     fields = dict(base.fields) if base else {}
+    typed = typed_corrections(corrections, fields, settings.document_types[doc_type])
     confidence = dict(base.field_confidence) if base else {}
     changes: dict[str, Any] = {}
     if base is not None and doc_type != base.document_type:
         changes["document_type"] = {"from": base.document_type, "to": doc_type}
-    for name, value in corrections.items():
+    for name, value in typed.items():
         changes[name] = {"from": _cut(fields.get(name)), "to": _cut(value)}
         fields[name] = value
         confidence[name] = OPERATOR_CONFIDENCE
