@@ -25,6 +25,9 @@ from mailroom.settings import Settings
 
 logger = logging.getLogger(__name__)
 
+#: The warning for an environment entry left out of the table (its reason follows).
+NOT_SEEDED = "Not seeded (still used from the environment): %s"
+
 
 @dataclass
 class SeedResult:
@@ -53,7 +56,7 @@ async def seed(sessions: async_sessionmaker[AsyncSession], settings: Settings) -
             try:
                 config = secrets.dump(model, cipher, where=f"{kind} {name!r}")
             except RuntimeConfigInvalid as exc:
-                logger.warning("Not seeded (still used from the environment): %s", exc)
+                logger.warning(NOT_SEEDED, exc)
                 result.skipped.append(f"{kind} {name}")
                 continue
             if await rows.seed_row(session, kind=kind, name=name, config=config, actor=host_pid()):

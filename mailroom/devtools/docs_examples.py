@@ -10,7 +10,8 @@ through intake's own parser, commands that stop at their settings);
 rewrites them. The Sentry monitors come from the scheduler's job table, which the core may not
 import: that test checks them. The examples of a ``mailroom dev`` run (``dev-stages``,
 ``dev-status``) need the whole system: ``tests/e2e/test_dev_command.py`` checks them against a
-real run; run it with ``DOCS_EXAMPLES_WRITE=1`` to rewrite them.
+real run, and ``tests/integration/test_status_operators.py`` checks ``recognition-status``;
+run them with ``DOCS_EXAMPLES_WRITE=1`` to rewrite them (:func:`check_example`).
 """
 
 from __future__ import annotations
@@ -54,6 +55,31 @@ def write_block(name: str, body: str) -> None:
 
 def fenced(text: str, language: str = "") -> str:
     return f"{_FENCE}{language}\n{text.rstrip()}\n{_FENCE}\n"
+
+
+def unfenced(block: str) -> str:
+    """The text inside a fenced example."""
+    lines = block.strip().splitlines()
+    return "\n".join(lines[1:-1]) if lines and lines[0].startswith(_FENCE) else block.strip()
+
+
+def check_example(
+    name: str,
+    shown: str,
+    *,
+    language: str = "",
+    same: Callable[[str, str], bool] = lambda in_docs, shown: in_docs == shown,
+) -> None:
+    """Fail when the docs' example ``name`` does not show ``shown``, for a test that ran the
+    command; with ``DOCS_EXAMPLES_WRITE=1`` in the environment the example is rewritten first.
+    """
+    if os.environ.get("DOCS_EXAMPLES_WRITE") == "1":
+        write_block(name, fenced(shown, language))
+    _, block = find_block(name)
+    assert same(unfenced(block), shown.rstrip()), (
+        f"the docs' example {name!r} is stale; it should read:\n{shown}\n"
+        "(rerun the test with DOCS_EXAMPLES_WRITE=1 to rewrite it)"
+    )
 
 
 def samples() -> str:
@@ -124,10 +150,36 @@ def config_errors() -> str:
     return fenced("\n".join(lines), "console")
 
 
+def not_seeded() -> str:
+    """What ``migrate`` warns about the minimal production settings without a runtime-config key."""
+    from mailroom.config_store import secrets
+    from mailroom.config_store.seed import NOT_SEEDED, entries
+    from mailroom.errors import RuntimeConfigInvalid
+    from mailroom.settings import DeliverySettings, IntakeSettings, Settings
+
+    mailbox = {"name": "billing", "host": "imap.example.com", "username": "billing@example.com"}
+    account = {"host": "smtp.example.com", "username": "mailroom", "sender": "mailroom@example.com"}
+    settings = Settings.model_construct(
+        intake=IntakeSettings(mailboxes=[{**mailbox, "password": "secret"}]),
+        delivery=DeliverySettings(
+            email_accounts={"default": {**account, "password": "secret"}},
+            routes=[{"channel": "email", "recipient": "ops@example.com"}],
+        ),
+    )
+    lines = []
+    for kind, name, model in entries(settings):
+        try:
+            secrets.dump(model, secrets.Cipher(""), where=f"{kind} {name!r}")
+        except RuntimeConfigInvalid as exc:
+            lines.append(NOT_SEEDED % exc)
+    return fenced("\n".join(lines))
+
+
 #: Every example rendered here, by name.
 RENDERERS: dict[str, Callable[[], str]] = {
     "samples": samples,
     "config-errors": config_errors,
+    "not-seeded": not_seeded,
 }
 
 

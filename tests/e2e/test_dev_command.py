@@ -10,7 +10,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
@@ -150,18 +149,6 @@ def _status_work_tables(ports: dict[str, int]) -> str:
     return "\n".join(line.rstrip() for line in lines[:end]).strip("\n")
 
 
-def _check_example(name: str, shown: str, *, same: Callable[[str, str], bool]) -> None:
-    """The docs' example ``name`` shows ``shown``; with DOCS_EXAMPLES_WRITE=1 it is rewritten."""
-    if os.environ.get("DOCS_EXAMPLES_WRITE") == "1":
-        docs_examples.write_block(name, docs_examples.fenced(shown))
-    _, block = docs_examples.find_block(name)
-    in_docs = block.strip().removeprefix("```").removesuffix("```").strip("\n")
-    assert same(in_docs, shown), (
-        f"the docs' example {name!r} is stale; it should read:\n{shown}\n"
-        "(rerun this test with DOCS_EXAMPLES_WRITE=1 to rewrite it)"
-    )
-
-
 def _same_stage_line(in_docs: str, shown: str) -> bool:
     return in_docs.split(" ", 1)[1] == shown.split(" ", 1)[1]  # the time it was printed differs
 
@@ -207,8 +194,8 @@ def test_dev_delivers_the_sample_mails_once_and_stops_cleanly_on_ctrl_c(tmp_path
         # and the getting-started page shows where they end.
         run.wait_for_webhooks(samples, 90)
         settled = _settled_stage_line(dsn)
-        _check_example("dev-stages", "13:30:35 " + settled, same=_same_stage_line)
-        _check_example("dev-status", _status_work_tables(ports), same=_same_status)
+        docs_examples.check_example("dev-stages", "13:30:35 " + settled, same=_same_stage_line)
+        docs_examples.check_example("dev-status", _status_work_tables(ports), same=_same_status)
     finally:
         code = run.stop()
     assert code == 0, run.output

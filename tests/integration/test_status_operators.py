@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import uuid
 
 import psycopg
@@ -17,6 +18,7 @@ from mailroom.adapters.nats import NatsClient
 from mailroom.adapters.nats.publisher import OutgoingMessage
 from mailroom.cli import app
 from mailroom.db.engine import libpq_dsn
+from mailroom.devtools import docs_examples
 from mailroom.devtools.stack import free_port
 from mailroom.settings import NatsSettings
 
@@ -176,6 +178,15 @@ def test_status_reads_the_delivery_stream_from_its_own_redis(seeded, redis_url, 
         client.close()
 
 
+def _same_ages(in_docs: str, shown: str) -> bool:
+    """Equal but for the ages, which move with the clock while the test runs."""
+
+    def ageless(text: str) -> str:
+        return re.sub(r"\d+m \d+s", "…", text)
+
+    return ageless(in_docs) == ageless(shown)
+
+
 def test_recognition_status_lists_current_stuck_files_with_reasons(seeded):
     result = CliRunner().invoke(app, ["recognition", "status", "--limit", "5"])
     assert result.exit_code == 0, result.output
@@ -185,6 +196,12 @@ def test_recognition_status_lists_current_stuck_files_with_reasons(seeded):
     assert "missing:" in out and "amount" in out
     assert str(OLD_ERROR_JOB) not in out  # superseded
     assert "(2 of 2" in out
+
+    # The operating guide shows this listing and the replay it leads to.
+    listing = "\n".join(line.rstrip() for line in result.stdout.rstrip().splitlines())
+    shown = f"$ mailroom recognition status --limit 5\n{listing}\n"
+    shown += f"$ mailroom recognition replay --job {DLQ_JOB}"
+    docs_examples.check_example("recognition-status", shown, language="console", same=_same_ages)
 
     limited = CliRunner().invoke(app, ["recognition", "status", "--limit", "1"])
     assert "(1 of 2" in _fits_80(limited.stdout)

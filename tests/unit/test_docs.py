@@ -37,6 +37,13 @@ def test_the_sample_mails_table_is_what_intake_makes_of_them():
     )
 
 
+def test_the_not_seeded_warnings_are_what_the_seed_says_without_a_key():
+    _, shown = docs_examples.find_block("not-seeded")
+    assert shown == docs_examples.not_seeded(), (
+        "run `uv run python -m mailroom.devtools.docs_examples --write`"
+    )
+
+
 def test_the_sentry_monitors_listed_are_the_ones_the_scheduler_checks_in_with():
     from mailroom.settings import Settings
     from scheduling.jobs import job_table
