@@ -19,7 +19,8 @@ with the same durability, so the ratio is what intake's guarantees cost. Beside 
 context only, a bare imapclient fetch of the same mails (stores nothing) shows how fast
 the server hands them out. Then, in a fresh child process (so its
 figure is its own), a warm intake reads one 41 MB mail with a 30 MB attachment (over
-``max_attachment_bytes``) and reports how far the mail raised its peak RSS.
+``max_attachment_bytes``) and reports how far the mail raised its peak RSS; and again, in
+another child, eight such mails that arrived together, read by one poll.
 
 Durable by default: Postgres with fsync and synchronous commit on, the object store on
 disk (``--fast``: fsync off, state in /dev/shm; the first line says which).
@@ -30,8 +31,9 @@ its state) scans past each inode freed then (``recently_deleted``): a round that
 follows such a cleanup shows twice the system CPU or more, and its wall time with it.
 
 Usage: ``uv run python bench/intake.py [--mails N] [--rounds N] [--quick] [--fast]``. The last lines
-are ``RESULT intake ratio=<intake/durable raw> target=0.5`` and
-``RESULT intake_big_mail_rss_mib value=<MiB> target=64``.
+are ``RESULT intake ratio=<intake/durable raw> target=0.5``,
+``RESULT intake_big_mail_rss_mib value=<MiB> target=64`` and
+``RESULT intake_big_mails_parallel_rss_mib value=<MiB> target=256``.
 """
 
 from __future__ import annotations
@@ -73,6 +75,9 @@ USER, PASSWORD, FOLDER = "demouser", "demopass", "Bench"
 TARGET = 0.5
 #: Folder of the big-mail run, and the most its mail may raise the peak RSS, in MiB.
 BIG_FOLDER, BIG_TARGET_MIB = "BenchBig", 64
+#: Big mails that arrive together in the second big-mail run (one poll reads them all), its
+#: folder, and the most they may raise the peak RSS, in MiB.
+PARALLEL_BIG_MAILS, PARALLEL_FOLDER, PARALLEL_TARGET_MIB = 8, "BenchBig8", 256
 #: Size of the big mail's attachment, in bytes (base64 makes the mail about 41 MB).
 BIG_ATTACHMENT_BYTES = 30_000_000
 #: Mails per APPEND of the setup.
@@ -205,15 +210,18 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="done within 60 s (2,000 mails)")
     # The big-mail run's child process: it reads BIG_FOLDER and prints its RSS figure.
     parser.add_argument(
-        "--big-mail-child", nargs=3, metavar=("DB_URL", "PORT", "STATE_DIR"), help=argparse.SUPPRESS
+        "--big-mail-child",
+        nargs=5,
+        metavar=("DB_URL", "PORT", "STATE_DIR", "FOLDER", "MAILS"),
+        help=argparse.SUPPRESS,
     )
     durability.add_flags(parser)
     args = parser.parse_args()
     count = args.mails
     logging.basicConfig(level=logging.WARNING)
     if args.big_mail_child:
-        database_url, port, state_dir = args.big_mail_child
-        return big_mail_child(database_url, int(port), Path(state_dir))
+        database_url, port, state_dir, folder, mails = args.big_mail_child
+        return big_mail_child(database_url, int(port), Path(state_dir), folder, int(mails))
 
     # Durable by default, as production runs; the object store's two new files per mail cost
     # kernel time on ext4 that varies with the disk's history, so each round prints CPU per mail.
@@ -250,9 +258,16 @@ def main() -> int:
             f"for context: intake ran at {statistics.median(intake_rates) / fetched:.2f} and the"
             f" durable raw loop at {statistics.fmean(raw_rates) / fetched:.2f} of the bare fetch"
         )
-        rise_mib = _big_mail_round(postgres.url(), port, workdir / "big")
+        rise_mib = _big_mail_round(postgres.url(), port, workdir / "big", BIG_FOLDER, 1)
+        parallel_mib = _big_mail_round(
+            postgres.url(), port, workdir / "big8", PARALLEL_FOLDER, PARALLEL_BIG_MAILS
+        )
         print(f"RESULT intake ratio={statistics.median(ratios):.2f} target={TARGET}")
         print(f"RESULT intake_big_mail_rss_mib value={rise_mib:.0f} target={BIG_TARGET_MIB}")
+        print(
+            f"RESULT intake_big_mails_parallel_rss_mib value={parallel_mib:.0f} "
+            f"target={PARALLEL_TARGET_MIB}"
+        )
         return 0
     finally:
         if pymap is not None:
@@ -351,34 +366,48 @@ class _OtherCpu:
         )
 
 
-def make_big_mail() -> bytes:
+def make_big_mail(n: int = 0) -> bytes:
     """About 41 MB: a short text and a 30 MB attachment (random, so nothing compresses it)."""
     message = EmailMessage()
     message["From"] = "Bench <bench@example.com>"
     message["To"] = "intake@example.com"
-    message["Subject"] = "bench big mail"
-    message["Message-ID"] = "<bench-big@example.com>"
+    message["Subject"] = f"bench big mail {n}"
+    message["Message-ID"] = f"<bench-big-{n}@example.com>"
     message.set_content("scans attached\n")
-    data = random.Random(41).randbytes(BIG_ATTACHMENT_BYTES)
+    data = random.Random(41 + n).randbytes(BIG_ATTACHMENT_BYTES)
     message.add_attachment(data, maintype="application", subtype="pdf", filename="scans.pdf")
     return message.as_bytes().replace(b"\n", b"\r\n")
 
 
-def _big_mail_round(database_url: str, port: int, state_dir: Path) -> float:
-    """The big-mail run in a child process; how many MiB the mail raised its peak RSS."""
+def _big_mail_round(
+    database_url: str, port: int, state_dir: Path, folder: str, mails: int
+) -> float:
+    """A big-mail run in a child process; how many MiB its ``mails`` big mails, read in one
+    poll, raised its peak RSS."""
     client = IMAPClient("127.0.0.1", port=port, ssl=False, timeout=60)
+    size_mb = 0.0
     try:
         client.login(USER, PASSWORD)
-        client.create_folder(BIG_FOLDER)
-        client.append(BIG_FOLDER, make_mail(0))  # read first, to warm the child up
-        big = make_big_mail()
-        client.append(BIG_FOLDER, big)
+        client.create_folder(folder)
+        client.append(folder, make_mail(0))  # read first, to warm the child up
+        for n in range(mails):
+            big = make_big_mail(n)
+            client.append(folder, big)
+            size_mb += len(big) / 1e6
+            del big
     finally:
         client.logout()
-    size_mb = len(big) / 1e6
-    del big
     child = subprocess.run(
-        [sys.executable, __file__, "--big-mail-child", database_url, str(port), str(state_dir)],
+        [
+            sys.executable,
+            __file__,
+            "--big-mail-child",
+            database_url,
+            str(port),
+            str(state_dir),
+            folder,
+            str(mails),
+        ],
         capture_output=True,
         text=True,
         check=False,
@@ -389,19 +418,20 @@ def _big_mail_round(database_url: str, port: int, state_dir: Path) -> float:
     fields = dict(item.split("=", 1) for item in figures[-1].split()[1:])
     rise = float(fields["rss_rise_mib"])
     print(
-        f"big mail: {size_mb:.1f} MB ingested, peak RSS {fields['peak_mib']} MiB, "
-        f"{rise:.1f} MiB over the warm worker's {fields['before_mib']} MiB"
+        f"big mails: {mails} of {size_mb / mails:.1f} MB ingested in one poll, peak RSS "
+        f"{fields['peak_mib']} MiB, {rise:.1f} MiB over the warm worker's {fields['before_mib']} MiB"
     )
     return rise
 
 
-def big_mail_child(database_url: str, port: int, state_dir: Path) -> int:
-    settings = _settings(database_url, port, state_dir, "bench-big", BIG_FOLDER, 1)
-    asyncio.run(_big_mail_intake(settings))
+def big_mail_child(database_url: str, port: int, state_dir: Path, folder: str, mails: int) -> int:
+    # batch_size 1 for the warm-up poll; the big mails' poll then reads them all at once.
+    settings = _settings(database_url, port, state_dir, f"bench-{folder}", folder, 1)
+    asyncio.run(_big_mail_intake(settings, mails))
     return 0
 
 
-async def _big_mail_intake(settings: Settings) -> None:
+async def _big_mail_intake(settings: Settings, mails: int) -> None:
     engine = create_engine(settings.database)
     try:
         deps = IntakeDeps(
@@ -413,15 +443,16 @@ async def _big_mail_intake(settings: Settings) -> None:
         name = settings.intake.mailboxes[0].name
         # The small mail first (batch_size 1): imports, pools and connections are warm.
         warm = await poll_mailbox(name, settings=settings.intake, deps=deps)
+        settings.intake.mailboxes[0].batch_size = mails
         exact = _reset_peak_rss()
         before = _status_kib("VmRSS" if exact else "VmHWM")
         outcome = await poll_mailbox(name, settings=settings.intake, deps=deps)
         peak = _status_kib("VmHWM")
     finally:
         await engine.dispose()
-    for done in (warm, outcome):
-        if done.status != "done" or done.result is None or done.result.ingested != 1:
-            raise SystemExit(f"intake did not store the mail: {done}")
+    for done, expected in ((warm, 1), (outcome, mails)):
+        if done.status != "done" or done.result is None or done.result.ingested != expected:
+            raise SystemExit(f"intake did not store the mails: {done}")
     if not exact:
         print("warning: the peak RSS could not be reset; the figure is a lower bound")
     print(
