@@ -48,6 +48,7 @@ from http_baseline import SinkProcess  # noqa: E402
 from stages import ProcessCpu, machine_bound  # noqa: E402
 
 from mailroom.db.migrate import upgrade  # noqa: E402
+from mailroom.devtools.children import spawn  # noqa: E402
 from mailroom.devtools.stack import EmbeddedPostgres, EmbeddedRedis  # noqa: E402
 
 #: Longest any one measurement may take before the run is declared stuck, in seconds.
@@ -172,13 +173,12 @@ class Bench:
         self.db.execute("TRUNCATE channel_message RESTART IDENTITY CASCADE")
 
     def spawn(self, args: list[str]) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(
+        return spawn(
             [sys.executable, *args],
             env=self.env,
             cwd=ROOT,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-            start_new_session=True,
         )
 
     def workers(self, queues: list[str], processes: int, threads: int) -> subprocess.Popen[bytes]:

@@ -11,11 +11,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import shutil
-import signal
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+
+from mailroom.devtools.children import remove_folder, stop_on_signals, throwaway_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 SHM = Path("/dev/shm")
@@ -36,22 +35,20 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def state_dir(args: argparse.Namespace, prefix: str) -> Path:
-    """A fresh folder for the run's state; the caller removes it.
+    """A fresh folder for the run's state; the caller removes it (``children.remove_folder``).
 
-    SIGTERM (``timeout``, a supervisor) becomes SystemExit, so the run's ``finally``
-    blocks stop the servers and processes it started instead of orphaning them.
+    SIGTERM (``timeout``, a supervisor) and SIGINT become SystemExit once, and repeats are
+    ignored, so the run's ``finally`` blocks stop the servers and processes it started
+    instead of orphaning them. Should the run die anyway, the child watchdog kills what it
+    started and removes the folder (``mailroom.devtools.children``).
     """
-    signal.signal(signal.SIGTERM, _exit)
+    stop_on_signals()
     fast_base = SHM if SHM.is_dir() else ROOT / ".mailroom"
     base = args.workdir or (fast_base if args.fast else ROOT / ".mailroom")
     base.mkdir(parents=True, exist_ok=True)
-    folder = Path(tempfile.mkdtemp(prefix=prefix, dir=base)).resolve()
+    folder = throwaway_folder(prefix, base)
     print(describe(args, folder), flush=True)
     return folder
-
-
-def _exit(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)
 
 
 def describe(args: argparse.Namespace, folder: Path) -> str:
@@ -71,4 +68,4 @@ def temporary_state(args: argparse.Namespace, prefix: str) -> Iterator[Path]:
     try:
         yield folder
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        remove_folder(folder)

@@ -41,6 +41,7 @@ import durability  # noqa: E402
 from stages import ProcessCpu, StageTimes, machine_bound, outcome_line  # noqa: E402
 
 from mailroom.db.migrate import upgrade  # noqa: E402
+from mailroom.devtools.children import remove_folder  # noqa: E402
 from mailroom.devtools.imap import DEMO_PASSWORD, DEMO_USER, ImapServer, demo_mailbox  # noqa: E402
 from mailroom.devtools.seed import build_mail, invoice_csv  # noqa: E402
 from mailroom.devtools.sinks import WebhookSink  # noqa: E402
@@ -373,7 +374,7 @@ def main() -> None:
             for server in (nats_server, redis_server, postgres):
                 server.stop()
     finally:
-        shutil.rmtree(base, ignore_errors=True)
+        remove_folder(base)
 
     print(
         f"raw hops (median): IMAP append→fetch {imap_ms:.1f} ms, NATS request/reply "

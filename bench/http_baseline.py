@@ -52,12 +52,13 @@ class SinkProcess:
     plain HTTP on loopback)."""
 
     def __init__(self) -> None:
+        from mailroom.devtools.children import spawn
         from mailroom.devtools.sinks import new_secret
         from mailroom.devtools.stack import free_port
 
         port, self.secret = free_port(), new_secret()
         self.url = f"http://127.0.0.1:{port}/hook"
-        self.process = subprocess.Popen(
+        self.process = spawn(
             [sys.executable, str(Path(__file__).resolve()), "sink", str(port), self.secret],
             stdout=subprocess.PIPE,
         )

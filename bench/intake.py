@@ -43,7 +43,6 @@ import asyncio
 import logging
 import os
 import random
-import shutil
 import statistics
 import subprocess
 import sys
@@ -60,6 +59,7 @@ from mailroom.adapters.imap import ImapMailbox
 from mailroom.adapters.storage import build_store
 from mailroom.db.engine import create_engine, create_sessionmaker
 from mailroom.db.migrate import upgrade
+from mailroom.devtools.children import remove_folder, spawn
 from mailroom.devtools.stack import EmbeddedPostgres, _wait_for_port, find_binary, free_port
 from mailroom.intake.connections import ConnectionPool
 from mailroom.intake.poll import IntakeDeps, poll_mailbox
@@ -104,7 +104,7 @@ def make_mail(n: int) -> bytes:
 
 def start_pymap(port: int, log: Path) -> subprocess.Popen[bytes]:
     with open(log, "wb") as out:
-        process = subprocess.Popen(
+        process = spawn(
             [
                 str(find_binary("pymap")),
                 "--host",
@@ -274,7 +274,7 @@ def main() -> int:
             pymap.terminate()
             pymap.wait(10)
         postgres.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
+        remove_folder(workdir)
 
 
 def _durable_raw_round(database_url: str, port: int, root: Path) -> float:

@@ -49,11 +49,9 @@ import argparse
 import asyncio
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -69,6 +67,7 @@ import durability  # noqa: E402
 from stages import ProcessCpu  # noqa: E402
 
 from mailroom.db.migrate import upgrade  # noqa: E402
+from mailroom.devtools.children import remove_folder, spawn, throwaway_folder  # noqa: E402
 from mailroom.devtools.dev import WORKER_PROCESSES, WORKER_THREADS  # noqa: E402
 from mailroom.devtools.stack import EmbeddedNats, EmbeddedPostgres, EmbeddedRedis  # noqa: E402
 from mailroom.recognition.inbox.sql import WRITTEN  # noqa: E402
@@ -323,7 +322,7 @@ def start_bridge(env: dict[str, str]) -> subprocess.Popen[bytes]:
     code = (
         "import sys; from mailroom.cli import app; sys.argv = ['mailroom', 'bridge', 'nats']; app()"
     )
-    return subprocess.Popen(
+    return spawn(
         [sys.executable, "-c", code],
         cwd=ROOT,
         env=env,
@@ -349,7 +348,7 @@ def run_inbox(
     per result of the bridge, the worker processes and Postgres: on two cores the three
     share, their sum bounds the rate.
     """
-    folder = Path(tempfile.mkdtemp(prefix="inbox-timing-"))
+    folder = throwaway_folder("inbox-timing-")
     timing = Timing(folder)
     env = {
         **env,
@@ -367,7 +366,7 @@ def run_inbox(
             wait_for(lambda: queued_results(broker) >= count, "bridge prefill", poll_s=0.2)
             print(f"bridge enqueued {count} in {time.perf_counter() - t0:.2f}s (incl. startup)")
         with (folder / "worker.log").open("wb") as log:
-            worker = subprocess.Popen(worker_command(), cwd=ROOT, env=env, stdout=log, stderr=log)
+            worker = spawn(worker_command(), cwd=ROOT, env=env, stdout=log, stderr=log)
         # Otherwise the bridge starts once the workers consume: neither side counts their start.
         wait_for(
             lambda: running(worker, folder) and timing.ready() >= int(WORKER_PROCESSES),
@@ -408,7 +407,7 @@ def run_inbox(
         + (f", {failed} of them failed once" if failed else "")
     )
     rate = timing.rate()
-    shutil.rmtree(folder, ignore_errors=True)
+    remove_folder(folder)
     return rate, int(applied[0]) if applied else 0
 
 

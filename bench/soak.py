@@ -67,7 +67,6 @@ import argparse
 import json
 import random
 import re
-import shutil
 import sys
 import time
 from collections import Counter
@@ -84,6 +83,7 @@ import durability  # noqa: E402
 from mailroom.db.engine import libpq_dsn  # noqa: E402
 from mailroom.db.migrate import upgrade  # noqa: E402
 from mailroom.db.models import FINAL_FILE_STATUSES, FINAL_MESSAGE_STATUSES  # noqa: E402
+from mailroom.devtools.children import remove_folder  # noqa: E402
 from mailroom.devtools.imap import DEMO_PASSWORD, DEMO_USER, ImapServer  # noqa: E402
 from mailroom.devtools.seed import invoice_mails  # noqa: E402
 from mailroom.devtools.sinks import WebhookSink  # noqa: E402
@@ -463,7 +463,7 @@ def main() -> None:
     if args.keep or result.lost or duplicates or renotified or flow.crashes:
         print(f"state and logs kept in {base}")
     else:
-        shutil.rmtree(base, ignore_errors=True)
+        remove_folder(base)
     print(f"RESULT soak_lost value={result.lost} target=0")
     print(f"RESULT soak_duplicates value={duplicates} target=0")
     print(f"RESULT soak_renotified value={renotified} target=0")

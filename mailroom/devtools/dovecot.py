@@ -17,12 +17,12 @@ import shutil
 import signal
 import socket
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from mailroom.devtools.children import remove_folder, spawn, throwaway_folder
 from mailroom.devtools.imap import DEMO_PASSWORD, DEMO_USER, ImapServer, self_signed_certificate
 from mailroom.devtools.stack import free_port
 
@@ -53,12 +53,12 @@ def server_folder(prefix: str) -> Iterator[Path]:
     another user (as root: ``mail``) that must reach the maildirs, which a private folder
     (pytest's, a bench's state) would not let them.
     """
-    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    folder = throwaway_folder(prefix)
     try:
         folder.chmod(0o755)
         yield folder
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        remove_folder(folder)
 
 
 def dovecot_version(binary: Path) -> str:
@@ -161,7 +161,7 @@ class DovecotServer:
         (self.folder / "passwd").write_text(f"{DEMO_USER}:{{PLAIN}}{DEMO_PASSWORD}\n")
         # What it says before its log is open (a config error) goes to dovecot.out.
         with (self.folder / "dovecot.out").open("wb") as out:
-            self.process = subprocess.Popen(
+            self.process = spawn(
                 [self.binary, "-F", "-c", self.config_file],
                 stdin=subprocess.DEVNULL,
                 stdout=out,

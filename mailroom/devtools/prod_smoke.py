@@ -24,6 +24,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mailroom.devtools.children import spawn
 from mailroom.devtools.stack import EmbeddedNats, EmbeddedPostgres, EmbeddedRedis, free_port
 
 #: The long-running commands, as compose runs them; each gets a metrics port of its own.
@@ -231,14 +232,13 @@ def run_processes(bin_dir: Path, env: dict[str, str], cwd: Path) -> None:
                 else "MAILROOM_METRICS__PORT"
             )
             with item.log.open("wb") as log:
-                item.process = subprocess.Popen(
+                item.process = spawn(
                     [str(bin_dir / "mailroom"), *item.args],
                     env={**env, port_setting: str(item.metrics_port)},
                     cwd=cwd,
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
-                    start_new_session=True,
                 )
         time.sleep(ALIVE_S)
         for item in processes:

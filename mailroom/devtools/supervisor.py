@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import IO
 
 from mailroom.backoff import backoff
+from mailroom.devtools.children import spawn
 
 logger = logging.getLogger(__name__)
 
@@ -59,14 +60,13 @@ class Child:
 
     def start(self, cwd: Path) -> None:
         self._log = self._log or open(self.log_path, "ab")
-        self.process = subprocess.Popen(
-            list(self.args),
+        self.process = spawn(
+            self.args,
             env=self.env,
             cwd=cwd,
             stdout=self._log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            start_new_session=True,
         )
         if self.nice:
             lower_priority(self.process.pid, self.nice)
@@ -85,7 +85,7 @@ class Child:
     def kill(self) -> None:
         """SIGKILL to the child's whole process group."""
         if self.process is not None:
-            with contextlib.suppress(ProcessLookupError):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.process.pid, signal.SIGKILL)
 
     def close(self) -> None:
@@ -134,7 +134,10 @@ class Supervisor:
             child.next_start = now + delay
 
     def stop(self, timeout_s: float = 15.0) -> None:
-        """SIGTERM every child (newest first), then SIGKILL what is left after the timeout."""
+        """SIGTERM every child (newest first), then SIGKILL what is left after the timeout.
+
+        What is left includes a child's own children that outlived it in its process group.
+        """
         for child in reversed(self.children):
             child.terminate()
         deadline = time.monotonic() + timeout_s
@@ -148,4 +151,5 @@ class Supervisor:
                 child.kill()
                 child.process.wait(5)
         for child in self.children:
+            child.kill()  # a child's children it left behind, still in its group
             child.close()
