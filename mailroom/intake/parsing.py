@@ -10,29 +10,26 @@ over its size limit is sized from its base64, never decoded; the big bodies of a
 big mail never go through the parser: ``big_parts``). Forwarded mails and
 winmail.dat are opened (``containers``), and zip and tar archives (``archives``,
 within a per-mail budget), down to a depth limit, each file recording the
-container it came from. Every leaf part is accounted for: a file, a
-skipped file with its reason, or the mail's text (``ParsedMail.body_parts``).
+container it came from. Every leaf part (``mime_parts`` walks and reads them) is
+accounted for: a file, a skipped file with its reason, or the mail's text
+(``ParsedMail.body_parts``).
 """
 
 from __future__ import annotations
 
-import binascii
 import email
-import quopri
 import re
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from email import policy
 from email.message import Message
-from email.utils import collapse_rfc2231_value
 from typing import TYPE_CHECKING
-from urllib.parse import unquote
 
 from mailroom.adapters.storage import sha256_hex
-from mailroom.intake import boundaries
+from mailroom.intake import boundaries, mime_parts
 from mailroom.intake.archives import ArchiveBudget, archive_kind, open_archive
-from mailroom.intake.big_parts import ElidedMail, elide_big_bodies, read_part
-from mailroom.intake.charsets import CharsetHints, Hints, no_hints
+from mailroom.intake.big_parts import elide_big_bodies, read_part
+from mailroom.intake.charsets import CharsetHints, Hints
 from mailroom.intake.containers import Opened, open_container
 from mailroom.intake.filetypes import (
     IMAGE_TYPES,
@@ -43,7 +40,6 @@ from mailroom.intake.filetypes import (
 )
 from mailroom.intake.headers import (
     clean_text,
-    decode_words,
     header_text,
     read_sender,
 )
@@ -181,34 +177,19 @@ def parse_mail(raw: bytes, limits: Limits) -> ParsedMail:
     message = email.message_from_bytes(elided.text if elided else raw, policy=policy.compat32)
     hints = CharsetHints(message)
     _read_headers(parsed, message, hints)
-    token, hinted = _ELIDED.set(elided), _HINTS.set(hints)
-    budgeted, raw_set = _BUDGET.set(limits.archive_budget()), _RAW.set(_RawMail(raw))
+    token, hinted = mime_parts.ELIDED.set(elided), mime_parts.HINTS.set(hints)
+    budgeted, raw_set = (
+        _BUDGET.set(limits.archive_budget()),
+        mime_parts.RAW.set(mime_parts.RawMail(raw)),
+    )
     try:
         _collect(message, limits, parsed, parent=None, depth=0, prefix="")
     finally:
-        _ELIDED.reset(token)
-        _HINTS.reset(hinted)
+        mime_parts.ELIDED.reset(token)
+        mime_parts.HINTS.reset(hinted)
         _BUDGET.reset(budgeted)
-        _RAW.reset(raw_set)
+        mime_parts.RAW.reset(raw_set)
     return parsed
-
-
-#: The big mail being parsed, when its big bodies were cut out of the parser's text.
-_ELIDED: ContextVar[ElidedMail | None] = ContextVar("elided", default=None)
-
-
-@dataclass
-class _RawMail:
-    """The raw bytes of the mail being parsed, and how far they were searched for bodies."""
-
-    data: bytes
-    searched: int = 0
-
-
-#: The mail being parsed, where the bodies of parts refused for size are.
-_RAW: ContextVar[_RawMail | None] = ContextVar("raw", default=None)
-#: The charsets the mail being parsed declares, for raw 8-bit file names.
-_HINTS: ContextVar[Hints] = ContextVar("hints", default=no_hints)
 
 
 def parse_oversize(header: bytes, size: int | None, limits: Limits) -> ParsedMail:
@@ -271,21 +252,21 @@ def _collect(
     or "" for the mail itself.
     """
     found = parsed.attachments
-    cids = _referenced_content_ids(message) if limits.skip_inline_images else set()
-    for part, content_type, filename, section in _leaf_parts(message, prefix):
-        if not _is_attachment(part, content_type, filename):
+    cids = mime_parts.referenced_content_ids(message) if limits.skip_inline_images else set()
+    for part, content_type, filename, section in mime_parts.leaf_parts(message, prefix):
+        if not mime_parts.is_attachment(part, content_type, filename):
             parsed.body_parts.append(section)
             continue
-        nested, decoded = _inner_message(part)
-        read = read_part(part, _ELIDED.get(), limits.max_attachment_bytes)
+        nested, decoded = mime_parts.inner_message(part)
+        read = read_part(part, mime_parts.ELIDED.get(), limits.max_attachment_bytes)
         if decoded is not None:
             data, size = decoded, None
         elif read is not None:
             data, size = read.data, read.size
         else:
-            data, size = _payload(part), None
+            data, size = mime_parts.payload(part), None
         attachment = _attachment(found, limits, filename, content_type, data, size=size)
-        content_id = _content_id(part)
+        content_id = mime_parts.content_id(part)
         if (
             content_id in cids
             and attachment.skip_reason is None
@@ -294,7 +275,9 @@ def _collect(
             attachment.skip_reason = _INLINE_IMAGE
         attachment.section = section
         if attachment.size > limits.max_attachment_bytes:
-            attachment.removed_span = read.span if read and read.span else _body_span(part)
+            attachment.removed_span = (
+                read.span if read and read.span else mime_parts.body_span(part)
+            )
         _place(found, attachment, parent)
         _open(parsed, limits, attachment, nested, depth=depth)
 
@@ -388,7 +371,7 @@ def _open(
         if depth >= limits.max_nesting:  # refused before a byte of it is decompressed
             _keep_unopened(container, f"archive ({archive})", limits)
             return
-        opened = open_archive(archive, container.data, _budget(limits), _HINTS.get()())
+        opened = open_archive(archive, container.data, _budget(limits), mime_parts.HINTS.get()())
     else:
         opened = open_container(container.name, container.media_type, container.data, nested)
     if opened is None:
@@ -421,30 +404,6 @@ def _open(
         container.check_reason = f"{opened.kind}: no file inside it{only_text}"
 
 
-def _body_span(part: Message) -> tuple[int, int] | None:
-    """Where the undecoded body of the leaf ``part`` is in the raw mail, if it is there as is.
-
-    Searched after the bodies found before it, so a file attached twice is found twice.
-    """
-    payload = part.get_payload()
-    raw = _RAW.get()
-    if not isinstance(payload, str) or len(payload) < MIN_REMOVED_CHARS or raw is None:
-        return None
-    try:
-        needle = payload.encode("ascii", "surrogateescape")
-    except UnicodeEncodeError:  # text that did not come from the raw bytes as it is
-        return None
-    start = raw.data.find(needle, raw.searched)
-    if start < 0:
-        return None
-    raw.searched = start + len(needle)
-    return start, start + len(needle)
-
-
-#: Bodies shorter than this are not searched for in the raw mail (they may occur anywhere).
-MIN_REMOVED_CHARS = 256
-
-
 def _keep_unopened(container: ParsedAttachment, kind: str, limits: Limits) -> None:
     container.pipeline = None
     container.skip_reason = f"{kind} nested deeper than {limits.max_nesting} levels: kept unopened"
@@ -460,174 +419,3 @@ def _budget(limits: Limits) -> ArchiveBudget:
         budget = limits.archive_budget()
         _BUDGET.set(budget)
     return budget
-
-
-#: Transfer encodings a ``message/rfc822`` part should not have (RFC 2046), but is sent with.
-_ENCODED = ("base64", "quoted-printable")
-
-
-def _inner_message(part: Message) -> tuple[Message | None, bytes | None]:
-    """The mail inside a ``message/rfc822`` part, and its bytes when they had to be decoded.
-
-    The parser reads the part's body as a mail whatever its transfer encoding; a base64 or
-    quoted-printable one (some clients forward so) comes out as a mail without headers whose
-    text is the encoded mail: it is decoded and parsed again.
-    """
-    if part.get_content_type() not in _MAIL_TYPES or not part.is_multipart():
-        return None, None
-    payload = part.get_payload()
-    inner = payload[0] if isinstance(payload, list) and payload else None
-    if not isinstance(inner, Message):
-        return None, None
-    encoding = str(part.get("Content-Transfer-Encoding", "")).strip().lower()
-    if encoding not in _ENCODED:
-        return inner, None
-    try:
-        decoded = _decoded_mail(inner, encoding)
-    except (binascii.Error, ValueError):
-        decoded = None
-    if not decoded:
-        return inner, None  # not encoded after all: the mail as the parser read it
-    return email.message_from_bytes(decoded, policy=policy.compat32), decoded
-
-
-def _decoded_mail(inner: Message, encoding: str) -> bytes | None:
-    """The bytes of a mail sent base64 or quoted-printable inside a ``message/rfc822`` part."""
-    elided = _ELIDED.get()
-    if encoding == "base64":
-        text = inner.get_payload()
-        if inner.keys() or not isinstance(text, str):
-            return None  # a base64 body has no header lines: this is a mail as it is
-        if elided is not None:
-            text = elided.restore(text)
-        return binascii.a2b_base64(text.encode("ascii", "ignore"))
-    data = inner.as_bytes()
-    return quopri.decodestring(elided.restore_bytes(data) if elided else data)
-
-
-#: Parts that hold a whole mail: opened like a forwarded mail, named or not.
-_MAIL_TYPES = ("message/rfc822", "message/global")
-#: Parts of a delivery or read report that are the report's text, not an attachment.
-_REPORT_TYPES = ("message/delivery-status", "message/disposition-notification")
-
-
-def _content_id(part: Message) -> str | None:
-    value = part.get("Content-ID")
-    if not isinstance(value, str):
-        return None
-    return value.strip().strip("<>").strip().lower() or None
-
-
-#: A ``cid:`` reference in HTML, up to the quote, bracket or space that ends it.
-_CID_REFERENCE = re.compile(rb"""cid:([^"'\s>)]{1,500})""", re.IGNORECASE)
-#: HTML bodies larger than this are searched for ``cid:`` references in their start only, bytes.
-MAX_HTML_BYTES = 2 * 1024 * 1024
-
-
-def _referenced_content_ids(part: Message) -> set[str]:
-    """Content-IDs the HTML bodies of ``part`` show inline (not those of attached mails)."""
-    if part.get_content_maintype() == "multipart":
-        found: set[str] = set()
-        for child in part.get_payload() or []:
-            if isinstance(child, Message):
-                found |= _referenced_content_ids(child)
-        return found
-    if part.get_content_type() != "text/html":
-        return set()
-    html = _payload(part)[:MAX_HTML_BYTES]
-    return {
-        unquote(m.decode("ascii", "replace")).strip().lower() for m in _CID_REFERENCE.findall(html)
-    }
-
-
-#: A leaf part with its content type, file name (each read once: they are not cheap) and
-#: section.
-_Leaf = tuple[Message, str, str | None, str]
-
-
-def _leaf_parts(message: Message, prefix: str) -> list[_Leaf]:
-    """Every leaf part of ``message`` depth first, numbered as IMAP numbers sections.
-
-    Attached mails are leaves here (their own parts are walked when they are opened).
-    """
-    if message.get_content_maintype() == "multipart" and isinstance(message.get_payload(), list):
-        return _leaves(message, prefix.removesuffix("."))
-    return _leaves(message, f"{prefix}1")
-
-
-def _leaves(part: Message, section: str) -> list[_Leaf]:
-    content_type = part.get_content_type()
-    payload = part.get_payload()
-    if content_type.startswith("multipart/") and isinstance(payload, list):
-        leaves: list[_Leaf] = []
-        children = [child for child in payload if isinstance(child, Message)]
-        for number, child in enumerate(children, start=1):
-            leaves.extend(_leaves(child, f"{section}.{number}" if section else str(number)))
-        return leaves
-    # A multipart without its parts (no boundary, or a broken one) is a leaf: its text.
-    return [(part, content_type, _filename(part), section)]
-
-
-def _is_attachment(part: Message, content_type: str, filename: str | None) -> bool:
-    """Whether a leaf part is a file; the others are the text of the mail (its body)."""
-    if content_type in _MAIL_TYPES:
-        return True  # a forwarded mail, even inline and unnamed, may carry documents
-    if filename:
-        return True  # inline parts with a name (images, PDFs in the body) are attachments too
-    if (part.get_content_disposition() or "").lower() == "attachment":
-        return True
-    maintype = content_type.partition("/")[0]
-    if content_type in _REPORT_TYPES or maintype == "multipart":
-        return False
-    # Text is the message itself, unless its type is a document's (an unnamed CSV); anything
-    # else is content worth keeping, inline or not.
-    return maintype != "text" or content_type in MEDIA_EXTENSIONS
-
-
-def _filename(part: Message) -> str | None:
-    if not _may_be_named(part):
-        return None
-    try:
-        name = part.get_filename() or part.get_param("name")
-        if isinstance(name, tuple):  # RFC 2231 value of a ``name`` parameter
-            name = collapse_rfc2231_value(name)
-        # Non-standard but common: RFC 2047 words inside a quoted file name.
-        return decode_words(str(name), _HINTS.get()) if name else None
-    except Exception:  # malformed parameters or encoded words
-        return None
-
-
-def _may_be_named(part: Message) -> bool:
-    """Whether a ``filename`` or ``name`` parameter can be there at all.
-
-    A mail's text and HTML bodies have none, and ``get_filename`` parses both headers'
-    parameters to find that out (a tenth to a fifth of a small mail's parse). Parameter names are
-    matched case-blind on the headers' text, as the parser reads them.
-    """
-    for header in ("content-disposition", "content-type"):
-        value = part.get(header)
-        if value is not None and "name" in str(value).lower():
-            return True
-    return False
-
-
-def _payload(part: Message) -> bytes:
-    if part.is_multipart():  # an attached mail (message/rfc822): its bytes, whole
-        payload = part.get_payload()
-        inner = payload[0] if isinstance(payload, list) and payload else part
-        try:
-            data = inner.as_bytes() if isinstance(inner, Message) else b""
-        except Exception:  # a part the generator cannot re-serialize
-            return b""
-        elided = _ELIDED.get()
-        return elided.restore_bytes(data) if elided else data
-    if (elided := _ELIDED.get()) is not None:
-        elided.restore_part(part)
-    try:
-        decoded = part.get_payload(decode=True)
-    except Exception:  # broken transfer encoding: keep what is there
-        decoded = None
-    if isinstance(decoded, bytes):
-        return decoded
-    raw = part.get_payload()
-    return raw.encode("utf-8", "surrogateescape") if isinstance(raw, str) else b""

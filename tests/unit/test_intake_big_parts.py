@@ -9,7 +9,7 @@ from email.message import EmailMessage
 
 import pytest
 
-from mailroom.intake import big_parts, parsing
+from mailroom.intake import big_parts, mime_parts
 from mailroom.intake.big_parts import MIN_MAIL_BYTES, base64_size, elide_big_bodies
 from mailroom.intake.parsing import Limits, parse_mail
 
@@ -104,14 +104,14 @@ def test_a_forwarded_mail_with_a_big_attachment_is_stored_with_its_own_bytes():
 def test_in_a_small_mail_too_a_part_over_the_limit_is_sized_from_its_base64(monkeypatch):
     data = _pdf(5000)
     raw = _mail(("scan.pdf", "application/pdf", data), ("rates.csv", "text/csv", b"a,b\n1,2\n"))
-    read = parsing._payload
+    read = mime_parts.payload
     decoded: list[str] = []
 
     def payload(part):
         decoded.append(part.get_content_type())
         return read(part)
 
-    monkeypatch.setattr(parsing, "_payload", payload)
+    monkeypatch.setattr(mime_parts, "payload", payload)
     scan, rates = parse_mail(raw, Limits(1000, 50 * MIB, 10)).attachments
     assert (scan.size, scan.data, scan.file_type) == (len(data), b"", "pdf")
     assert "application/pdf" not in decoded, "the part over the limit was decoded"
