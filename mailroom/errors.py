@@ -46,6 +46,7 @@ may wait for it. Permanent: it cannot, until someone changes something.
     │   ├── MailNotFound                         (intake erase, hold, release)
     │   ├── MailOnLegalHold
     │   ├── InvalidMessage                       (recognition answer off the contract)
+    │   ├── ArchiveRefused                       (an attachment's archive over a limit)
     │   └── ExtractionError
     │       ├── UnreadableFile
     │       ├── EmptyFile
@@ -290,6 +291,13 @@ class InvalidMessage(PermanentError):
         self.kind = kind
         #: The service name the message gave, cleaned; empty when it gave none.
         self.service = service
+
+
+class ArchiveRefused(PermanentError):
+    """An archive breaks a limit or cannot be read; the message says which, for people.
+
+    Intake records it on the archive's file (``NEEDS_CHECK``); it never fails a mail.
+    """
 
 
 class ExtractionError(PermanentError):

@@ -26,6 +26,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import IO
 
+from mailroom.errors import ArchiveRefused
 from mailroom.intake.charsets import decode_unlabelled
 from mailroom.intake.containers import Nested, Opened
 
@@ -40,10 +41,6 @@ TAR_SUFFIXES = (".tar", ".tgz", ".tar.gz", ".tbz", ".tbz2", ".tar.bz2", ".txz", 
 ENCRYPTED = "encrypted in its archive: it cannot be read without the password"
 #: Why a link or device entry of a tar is not a file.
 NOT_A_FILE = "a link or device entry in its archive, not a file"
-
-
-class ArchiveRefused(Exception):
-    """The archive breaks a limit or cannot be read; the message says which, for people."""
 
 
 @dataclass
