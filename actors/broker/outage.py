@@ -31,6 +31,17 @@ _CONNECTION_ERROR = "Consumer encountered a connection error: %s"
 _RESTARTING = "Restarting consumer in %0.2f seconds."
 
 
+def describe_redis_pool(pool: Any) -> str:
+    """Where a redis-py pool's connections go: its URL, or its Sentinel master and sentinels."""
+    from mailroom.adapters.redis_client import is_sentinel_pool, sentinels_of
+
+    if is_sentinel_pool(pool):
+        db = pool.connection_kwargs.get("db", 0)
+        sentinels = ",".join(sentinels_of(pool))
+        return f"redis sentinel master {pool.service_name} db {db} (sentinels {sentinels})"
+    return describe_redis(pool.connection_kwargs)
+
+
 def describe_redis(connection_kwargs: dict[str, Any]) -> str:
     """``redis://user:***@host:port/db`` from a redis-py pool's connection kwargs."""
     user = connection_kwargs.get("username") or ""

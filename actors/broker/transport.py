@@ -38,13 +38,15 @@ def broker_for(settings: Settings, middleware: Sequence[dramatiq.Middleware]) ->
     # A client, not a URL: Dramatiq builds a URL's pool without timeouts or retries. One retry
     # only: it replaces a pooled connection a Redis restart killed, and Dramatiq's consumers
     # restart themselves after that. More retries made a worker whose Redis is down take
-    # over a minute to stop (each of its consumers retried every close and requeue).
+    # over a minute to stop (each of its consumers retried every close and requeue). Sends
+    # alone are tried again for broker.send_retry_s, through a Sentinel failover (failover.py).
     # Heartbeats and maintenance on Redis's clock, not this process's (broker_clock.py);
     # consumers woken by enqueues rather than polling (wakeups.py).
     return WakingRedisBroker(
         client=sync_client(settings.broker_redis_url, settings.redis, attempts=1),
         namespace=settings.broker.namespace,
         heartbeat_timeout=settings.broker.heartbeat_timeout_ms,
+        send_retry_s=settings.broker.send_retry_s,
         middleware=list(middleware),
     )
 

@@ -37,6 +37,7 @@ from redis import Redis
 from redis.exceptions import RedisError
 
 from actors.broker.clock import RedisClockBroker
+from actors.broker.failover import call_within
 
 logger = logging.getLogger(__name__)
 
@@ -252,9 +253,16 @@ class WakingConsumer(_RedisConsumer):
 class WakingRedisBroker(RedisClockBroker):
     """``RedisClockBroker`` whose enqueues wake the consumers of their queue."""
 
-    def __init__(self, **options: Any) -> None:
+    def __init__(self, *, send_retry_s: float = 0.0, **options: Any) -> None:
         super().__init__(**options)
         self.wakeups = WakeUps(self.client, f"{self.namespace}:wakeups")
+        #: How long an enqueue is tried again through a failover, in seconds (``failover``).
+        self.send_retry_s = send_retry_s
+
+    def do_enqueue(self, queue_name: str, message_id: str, data: bytes) -> Any:
+        """Dramatiq's enqueue script, tried again through a Redis failover."""
+        dispatch = self._dispatch("enqueue")
+        return call_within(self.send_retry_s, lambda: dispatch(queue_name, message_id, data))
 
     def consume(self, queue_name: str, prefetch: int = 1, timeout: int = 5000) -> WakingConsumer:
         return WakingConsumer(self, queue_name, prefetch, timeout, self.wakeups.event(queue_name))

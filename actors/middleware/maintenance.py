@@ -26,7 +26,7 @@ from dramatiq.common import current_millis, dq_name
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from actors.broker.outage import ConsumerErrorFilter, OutageReport, describe_redis
+from actors.broker.outage import ConsumerErrorFilter, OutageReport, describe_redis_pool
 
 logger = logging.getLogger(__name__)
 
@@ -63,9 +63,7 @@ class RedisMaintenance(Middleware):
 
     def before_worker_boot(self, broker: Broker, worker: Any) -> None:
         if isinstance(broker, RedisBroker):
-            self.outage = OutageReport(
-                describe_redis(broker.client.connection_pool.connection_kwargs)
-            )
+            self.outage = OutageReport(describe_redis_pool(broker.client.connection_pool))
 
     def after_consumer_thread_boot(self, broker: Broker, thread: Any) -> None:
         if self.outage is not None:

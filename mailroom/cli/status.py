@@ -20,7 +20,7 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from actors.queues import ALL as QUEUES
-from mailroom.adapters.redis_client import CLI_REDIS_ATTEMPTS, async_client
+from mailroom.adapters.redis_client import CLI_REDIS_ATTEMPTS, async_client, link_role
 from mailroom.cli.status_links import jetstream_state, object_store_state
 from mailroom.db.dsn import psycopg_dsn
 from mailroom.db.engine import create_engine, create_sessionmaker
@@ -122,7 +122,9 @@ async def _redis_status(settings: Settings) -> dict[str, Any]:
         decode_responses=True,
     )
     namespace = settings.broker.namespace
+    report["redis_links"] = {}
     try:
+        report["redis_links"]["broker"] = await link_role(broker)
         for queue in QUEUES:
             report["queues"][queue] = {
                 "ready": await broker.llen(f"{namespace}:{queue}"),
@@ -137,6 +139,7 @@ async def _redis_status(settings: Settings) -> dict[str, Any]:
         await broker.aclose()
     stream = async_client(settings.stream_redis_url, settings.redis, attempts=CLI_REDIS_ATTEMPTS)
     try:
+        report["redis_links"]["stream"] = await link_role(stream)
         state = await stream_state(stream, settings.delivery)
         report["stream"] = {
             "key": settings.delivery.stream_key,
@@ -231,6 +234,8 @@ def _print_links(report: dict[str, Any], console: Console) -> None:
     if "redis_error" in report:
         console.print(f"[red]broker Redis unavailable:[/] {escape(report['redis_error'])}")
     console.print(_stream_line(report))
+    for link, state in report.get("redis_links", {}).items():
+        console.print(_redis_link_line(link, state))
     console.print(_jetstream_line(report["jetstream"]))
     console.print(_object_store_line(report["object_store"]))
     console.print(f"scheduler leader: {escape(report['scheduler_leader'] or 'none')}")
@@ -246,6 +251,18 @@ def _stream_line(report: dict[str, Any]) -> str:
         f"{stream['pending']} read and not acknowledged, {stream['consumers']} bridge(s) "
         f"(group {escape(group)})"
     )
+
+
+def _redis_link_line(link: str, state: dict[str, Any]) -> str:
+    """``Redis (broker): master at 10.0.0.2:6379, 1 replica(s), Sentinel master …``."""
+    line = (
+        f"Redis ({link}): {escape(state['role'])} at {escape(state['address'])}, "
+        f"{state['replicas']} replica(s)"
+    )
+    if "master" in state:
+        sentinels = ", ".join(state["sentinels"])
+        line += f", Sentinel master {escape(state['master'])} (sentinels {escape(sentinels)})"
+    return line
 
 
 def _jetstream_line(state: dict[str, Any]) -> str:

@@ -135,3 +135,162 @@ class NatsCluster:
                     return str(leader)
             time.sleep(0.1)
         raise ServerStartError(f"NATS cluster: no JetStream meta leader in {START_TIMEOUT_S} s")
+
+
+#: Name under which the sentinels monitor the Redis master.
+REDIS_MASTER_NAME = "mailroom"
+#: A master silent this long is down for a sentinel, in milliseconds.
+SENTINEL_DOWN_AFTER_MS = 1_000
+
+
+@dataclass
+class ClusterRedis(_Server):
+    """A Redis server (``role`` primary or replica) or a sentinel, on a fixed port."""
+
+    name: str = field(init=False, default="redis")
+    node: str = "primary"
+    #: The primary's port, for a replica and a sentinel; 0 for the primary.
+    primary_port: int = 0
+    sentinel: bool = False
+
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / f"redis-{self.node}.log"
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> Self:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        binary = str(find_binary("redis-server"))
+        folder = (self.data_dir / self.node).resolve()
+        folder.mkdir(exist_ok=True)
+        if self.sentinel:
+            config = folder / "sentinel.conf"
+            if not config.exists():  # a sentinel rewrites its file with what it learned
+                config.write_text(
+                    f"port {self.port}\nbind 127.0.0.1\ndir {folder}\n"
+                    f"sentinel monitor {REDIS_MASTER_NAME} 127.0.0.1 {self.primary_port} 2\n"
+                    f"sentinel down-after-milliseconds {REDIS_MASTER_NAME} "
+                    f"{SENTINEL_DOWN_AFTER_MS}\n"
+                    f"sentinel failover-timeout {REDIS_MASTER_NAME} 5000\n"
+                )
+            self._spawn([binary, str(config), "--sentinel"])
+        else:
+            args = [binary, "--bind", "127.0.0.1", "--port", str(self.port)]
+            args += ["--dir", str(folder), "--appendonly", "yes", "--save", ""]
+            if self.primary_port:
+                args += ["--replicaof", "127.0.0.1", str(self.primary_port)]
+            self._spawn(args)
+        assert self.process is not None
+        _wait_for_port(f"redis {self.node}", self.port, self.process, self.log_path)
+        return self
+
+
+@dataclass
+class RedisSentinelGroup:
+    """A Redis primary, one replica and three sentinels on fixed loopback ports.
+
+    The primary listens on ``base_port``, the replica on ``base_port + 1`` and the
+    sentinels on ``base_port + 10`` to ``+ 12``.
+    """
+
+    data_dir: Path
+    base_port: int
+    servers: list[ClusterRedis] = field(default_factory=list, init=False)
+    sentinels: list[ClusterRedis] = field(default_factory=list, init=False)
+
+    def __post_init__(self) -> None:
+        primary = self.base_port
+        self.servers = [
+            ClusterRedis(self.data_dir, port=primary, node="primary"),
+            ClusterRedis(self.data_dir, port=primary + 1, node="replica", primary_port=primary),
+        ]
+        self.sentinels = [
+            ClusterRedis(
+                self.data_dir,
+                port=primary + 10 + i,
+                node=f"sentinel{i + 1}",
+                primary_port=primary,
+                sentinel=True,
+            )
+            for i in range(3)
+        ]
+
+    @property
+    def sentinel_addresses(self) -> list[str]:
+        return [sentinel.address for sentinel in self.sentinels]
+
+    def url(self, db: int = 0) -> str:
+        """A URL for the links' database; with sentinels its host is unused."""
+        return f"redis://127.0.0.1:{self.base_port}/{db}"
+
+    def start(self) -> Self:
+        for server in [*self.servers, *self.sentinels]:
+            server.start()
+        self.wait_for_replica()
+        return self
+
+    def stop(self) -> None:
+        for server in [*self.sentinels, *self.servers]:
+            server.stop()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def master(self) -> ClusterRedis:
+        """The server the sentinels name as master now."""
+        import redis
+
+        for sentinel in self.sentinels:
+            if sentinel.process is None:
+                continue
+            client = redis.Redis(port=sentinel.port, socket_timeout=1.0)
+            with contextlib.suppress(redis.RedisError), client:
+                _host, port = client.sentinel_get_master_addr_by_name(REDIS_MASTER_NAME)
+                return next(server for server in self.servers if server.port == int(port))
+        raise ServerStartError("redis: no sentinel answers")
+
+    def wait_for_replica(self) -> None:
+        """Until the master has a replica in sync and every sentinel knows both."""
+        import redis
+
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            with contextlib.suppress(redis.RedisError, ServerStartError):
+                master = self.master()
+                with redis.Redis(port=master.port, socket_timeout=1.0) as client:
+                    replication = client.info("replication")
+                synced = int(replication.get("connected_slaves", 0)) >= 1 and (
+                    replication.get("slave0", {}).get("state") == "online"
+                )
+                if synced and all(self._sentinel_sees_replica(s) for s in self.sentinels):
+                    return
+            time.sleep(0.1)
+        raise ServerStartError(f"redis: no replica in sync within {START_TIMEOUT_S} s")
+
+    def wait_for_failover(self, old: ClusterRedis) -> ClusterRedis:
+        """The new master once the sentinels promoted another server than ``old``."""
+        import redis
+
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            with contextlib.suppress(redis.RedisError, ServerStartError):
+                master = self.master()
+                if master is not old:
+                    with redis.Redis(port=master.port, socket_timeout=1.0) as client:
+                        if client.info("replication").get("role") == "master":
+                            return master
+            time.sleep(0.1)
+        raise ServerStartError(f"redis: no failover within {START_TIMEOUT_S} s")
+
+    @staticmethod
+    def _sentinel_sees_replica(sentinel: ClusterRedis) -> bool:
+        import redis
+
+        with redis.Redis(port=sentinel.port, socket_timeout=1.0) as client:
+            return bool(client.sentinel_slaves(REDIS_MASTER_NAME))

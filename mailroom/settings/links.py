@@ -82,12 +82,42 @@ class RedisSettings(StrictModel):
     retry_backoff_base_s: float = 0.05
     #: Longest wait before a retry, in seconds.
     retry_backoff_cap_s: float = 2.0
+    #: Sentinels (``host:port``) that name the master. When given, every Redis link asks them
+    #: for ``sentinel_master`` and follows a failover; its URL then gives only the scheme
+    #: (``rediss://`` for TLS), the database and a login, and its host is unused.
+    sentinels: list[str] = []
+    #: The master's name as the sentinels monitor it (``sentinel monitor NAME …``).
+    sentinel_master: str = ""
+    #: Login of the sentinels themselves (``requirepass`` or an ACL user in sentinel.conf).
+    sentinel_username: str = ""
+    sentinel_password: SecretStr = SecretStr("")
+    #: The sentinels speak TLS (with ``tls``'s CA and client certificate).
+    sentinel_tls: bool = False
+
+    @model_validator(mode="after")
+    def _check_sentinels(self) -> RedisSettings:
+        if bool(self.sentinels) != bool(self.sentinel_master):
+            raise ValueError("sentinels and sentinel_master go together: give both or neither")
+        for address in self.sentinels:
+            host, _, port = address.rpartition(":")
+            if not host or not port.isdigit():
+                raise ValueError(f"sentinel {address!r} is not host:port")
+        return self
+
+    @property
+    def sentinel_addresses(self) -> list[tuple[str, int]]:
+        """The sentinels as (host, port) pairs."""
+        pairs = [address.rpartition(":") for address in self.sentinels]
+        return [(host.strip("[]"), int(port)) for host, _, port in pairs]
 
 
 class BrokerSettings(StrictModel):
     kind: Literal["redis", "rabbitmq", "stub"] = "redis"
     #: Used when ``kind`` is ``redis``; empty means ``redis.url``.
     redis_url: str = ""
+    #: How long a send is tried again while Redis is unreachable (a Sentinel failover takes
+    #: 2 to 5 s with ``down-after-milliseconds 1000``), in seconds; then the sender sees the error.
+    send_retry_s: float = 10.0
     #: Used when ``kind`` is ``rabbitmq``; carries its user and password.
     rabbitmq_url: str = "amqp://127.0.0.1:5672/"
     namespace: str = "dramatiq"

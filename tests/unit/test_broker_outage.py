@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import logging
 
-from actors.broker.outage import ConsumerErrorFilter, OutageReport, describe_redis
+from actors.broker.outage import (
+    ConsumerErrorFilter,
+    OutageReport,
+    describe_redis,
+    describe_redis_pool,
+)
+from mailroom.adapters.redis_client import sync_client
+from mailroom.settings import RedisSettings
 
 
 class _Clock:
@@ -78,3 +85,18 @@ def test_the_broker_is_named_by_host_and_port_with_the_password_masked():
         == "redis://:***@r:6380/2"
     )
     assert describe_redis({"username": "u", "host": "r", "port": 6379}) == "redis://u@r:6379/0"
+
+
+def test_a_sentinel_broker_is_named_by_its_master_and_sentinels():
+    settings = RedisSettings(
+        url="redis://ignored:1/2",
+        sentinels=["10.0.0.1:26379", "10.0.0.2:26379"],
+        sentinel_master="mailroom",
+    )
+    client = sync_client(settings.url, settings)  # connects lazily: nothing is reached here
+    try:
+        assert describe_redis_pool(client.connection_pool) == (
+            "redis sentinel master mailroom db 2 (sentinels 10.0.0.1:26379,10.0.0.2:26379)"
+        )
+    finally:
+        client.close()

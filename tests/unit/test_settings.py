@@ -62,3 +62,16 @@ def test_nested_values_come_from_the_environment(monkeypatch):
     assert mailbox.name == "billing"
     assert mailbox.password.get_secret_value() == "s3cret"
     assert "s3cret" not in repr(settings)
+
+
+def test_sentinels_and_their_master_go_together_as_host_port_pairs():
+    import pytest
+
+    from mailroom.settings import RedisSettings
+
+    with pytest.raises(ValueError, match="sentinels and sentinel_master go together"):
+        RedisSettings(sentinels=["a:26379"])
+    with pytest.raises(ValueError, match="sentinel 'a' is not host:port"):
+        RedisSettings(sentinels=["a"], sentinel_master="m")
+    settings = RedisSettings(sentinels=["a:1", "[::1]:2"], sentinel_master="m")
+    assert settings.sentinel_addresses == [("a", 1), ("::1", 2)]
