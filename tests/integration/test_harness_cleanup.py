@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -74,9 +76,12 @@ def _wait_until_gone(tree: dict[int, int]) -> list[str]:
 def harness(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path, dict[int, int]]]:
     """The running harness, its state folder and its process tree."""
     errors = tmp_path / "harness.err"
+    # NOTE: not under pytest's basetemp: another pytest starting meanwhile makes its root
+    # private again, and Postgres (run as another user when we are root) loses its folder.
+    base = Path(tempfile.mkdtemp(prefix="mailroom-harness-test-"))
     with errors.open("wb") as stderr:
         process = subprocess.Popen(
-            [sys.executable, "-m", "tests.integration.small_harness", str(tmp_path)],
+            [sys.executable, "-m", "tests.integration.small_harness", str(base)],
             cwd=PROJECT_ROOT,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
@@ -85,7 +90,9 @@ def harness(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path, dic
     try:
         assert process.stdout is not None
         line = process.stdout.readline().decode()
-        assert line.startswith("ready "), f"the harness did not start:\n{errors.read_text()}"
+        if not line.startswith("ready "):
+            process.wait(READY_TIMEOUT_S)
+            pytest.fail(f"the harness did not start ({line.strip()}):\n{errors.read_text()}")
         folder = Path(line.split(" ", 1)[1].strip())
         tree = _descendants(process.pid)
         yield process, folder, tree
@@ -95,6 +102,7 @@ def harness(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path, dic
         process.wait(READY_TIMEOUT_S)
         if process.stdout is not None:
             process.stdout.close()
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def _check_the_tree(tree: dict[int, int]) -> None:
