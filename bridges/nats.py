@@ -8,6 +8,10 @@ its batch's actor message was enqueued, so a bridge killed in between leaves it
 to be redelivered. Without JetStream a core queue group shares the subject
 between bridges (at most once). SIGTERM or SIGINT: stop fetching, finish the
 batch in hand, drain, exit 0.
+
+An outage of NATS or of the broker is logged once when it starts, at most once
+per back-off step and once when it ends (``OutageLog``). A NATS server that
+refuses the credentials at the start is no outage: one line, exit 2.
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ from typing import Any
 from prometheus_client import Counter
 
 from mailroom.adapters.nats import IncomingMessage, NatsClient, ResultSubscription
-from mailroom.errors import AppError
+from mailroom.errors import AppError, NatsLoginRefused
+from mailroom.process.observability import scrub_text
+from mailroom.process.outage import OutageLog
 from mailroom.process.stop_signals import handle_stop_signals
 from mailroom.settings import Settings
 
@@ -39,6 +45,8 @@ METRIC_MESSAGES = Counter(
 #: Blocking (a broker call).
 Send = Callable[[list[dict[str, Any]]], object]
 
+#: Exit status when the NATS server refuses the credentials (a configuration error).
+EXIT_LOGIN_REFUSED = 2
 #: Wait after a failed fetch or send before trying again, in seconds.
 ERROR_BACKOFF_S = 1.0
 #: Longest wait for more messages to fill a batch after the first ones arrived, in seconds.
@@ -71,6 +79,12 @@ class NatsBridge:
         self.dropped = 0
         self._stop = asyncio.Event()
         self.ready = asyncio.Event()
+        servers = ", ".join(scrub_text(url, ()) for url in settings.nats.server_urls)
+        self.nats_outage = OutageLog(f"NATS {servers}", logger=logger)
+        broker = scrub_text(settings.broker_redis_url, ())
+        self.broker_outage = OutageLog(
+            f"Broker {broker}", logger=logger, doing="the answers wait in NATS"
+        )
 
     def stop(self) -> None:
         self._stop.set()
@@ -80,8 +94,13 @@ class NatsBridge:
         return self._stop.is_set()
 
     async def run(self) -> int:
-        """Connect, subscribe, forward until stopped; 0 on a clean stop."""
-        subscription = await self._subscribe()
+        """Connect, subscribe, forward until stopped; 0 on a clean stop, 2 on a refused login."""
+        try:
+            subscription = await self._subscribe()
+        except NatsLoginRefused as exc:
+            logger.error("NATS bridge cannot start: %s", exc)
+            await self.client.close()
+            return EXIT_LOGIN_REFUSED
         if subscription is None:
             return 0
         self.ready.set()
@@ -94,8 +113,9 @@ class NatsBridge:
                     )
                     if batch:
                         batch += await self._linger(subscription, len(batch))
+                    self.nats_outage.recovered()
                 except AppError as exc:
-                    logger.warning("NATS fetch failed: %s", exc)
+                    self.nats_outage.failed(f"fetch failed: {exc}", exc=exc)
                     await self._pause()
                     continue
                 if batch and not await self.forward(batch):
@@ -157,10 +177,12 @@ class NatsBridge:
             except Exception as exc:
                 # NOTE: unacked messages stay with JetStream and come back after ack_wait.
                 METRIC_MESSAGES.labels("send_failed").inc(len(chunk))
-                logger.warning(
-                    "Enqueueing %d recognition messages failed: %s", len(chunk), type(exc).__name__
+                self.broker_outage.failed(
+                    f"enqueueing {len(chunk)} recognition messages failed: {type(exc).__name__}",
+                    exc=exc,
                 )
                 return False
+            self.broker_outage.recovered()
             for message in chunk:
                 await message.ack()
             self.forwarded += len(chunk)
@@ -185,14 +207,20 @@ class NatsBridge:
         return chunks
 
     async def _subscribe(self) -> ResultSubscription | None:
+        """Connect and subscribe, retrying an outage; ``NatsLoginRefused`` ends the attempts."""
         while not self.stopping:
             try:
                 await self.client.connect()
-                return await self.client.subscribe_results()
+                subscription = await self.client.subscribe_results()
+            except NatsLoginRefused:
+                raise
             except AppError as exc:
-                logger.warning("NATS bridge cannot subscribe yet: %s", exc)
+                self.nats_outage.failed(f"cannot subscribe: {exc}", exc=exc)
                 await self.client.close()
                 await self._pause()
+                continue
+            self.nats_outage.recovered()
+            return subscription
         return None
 
     async def _pause(self) -> None:

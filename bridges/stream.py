@@ -7,7 +7,8 @@ actor message (a batch). An entry is acknowledged (and deleted) only after its
 actor message was sent, so a bridge killed in between
 leaves it pending and another bridge claims it; the delivery actor's delivered
 fast path makes the duplicate harmless. Malformed entries are acknowledged and
-counted. Redis going away is survived by reconnecting with backoff.
+counted. Redis going away is survived by reconnecting with backoff, and told
+once when it starts, at most once per back-off step and once when it ends.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from mailroom.backoff import backoff
 from mailroom.delivery import metrics
 from mailroom.delivery.contracts import PAYLOAD_FIELD, decode_payload
 from mailroom.process.identity import host_pid
+from mailroom.process.outage import OutageLog, describe_redis_pool
 from mailroom.process.stop_signals import handle_stop_signals
 from mailroom.settings import DeliverySettings, RedisSettings, Settings
 
@@ -71,6 +73,11 @@ class StreamBridge:
         #: Failed passes in a row, for the backoff; a read that succeeds starts it over.
         self._failures = 0
         self._read_new_packed = client.register_script(READ_NEW_PACKED)
+        self.outage = OutageLog(
+            f"Stream bridge {self.consumer}: Redis {_describe(client)}",
+            logger=logger,
+            doing="the entries wait in the stream",
+        )
 
     async def run(self) -> None:
         """Consume until ``stop`` is set; Redis outages are waited out with backoff."""
@@ -130,6 +137,7 @@ class StreamBridge:
                     await self._flush_acks()
                     entries = await self._read("0", block_ms=None)
                     self._failures = 0
+                    self.outage.recovered()
                     if not entries:
                         self._own_pending = False
                         continue
@@ -139,6 +147,7 @@ class StreamBridge:
                     else:
                         entries = await self._read(">", block_ms=self.settings.read_block_ms)
                     self._failures = 0
+                    self.outage.recovered()
                     backlog = len(entries) >= self.settings.read_count
                     if backlog:
                         # One round trip acknowledges the batch forwarded last and reads the
@@ -286,11 +295,16 @@ class StreamBridge:
             self._failures, base=INITIAL_BACKOFF_S, cap=self.settings.reconnect_max_backoff_s
         )
         self._failures += 1
-        logger.warning("Stream bridge %s: %s; retrying in %.1f s", self.consumer, reason, delay)
+        self.outage.failed(reason)
         try:
             await asyncio.wait_for(self.stop.wait(), delay)
         except TimeoutError:
             pass
+
+
+def _describe(client: aioredis.Redis) -> str:
+    """Where ``client`` connects (URL or Sentinel master), the password masked."""
+    return describe_redis_pool(client.connection_pool)
 
 
 def _payloads(entries: Sequence[tuple[Any, Any]]) -> list[Entry]:

@@ -12,6 +12,7 @@ may wait for it. Permanent: it cannot, until someone changes something.
     │   ├── ServiceUnavailable                   (Redis; the base of every *Unavailable)
     │   │   ├── MailboxUnavailable               (IMAP)
     │   │   ├── NatsUnavailable
+    │   │   │   └── NatsLoginRefused             (a process exits 2 on it at its start)
     │   │   ├── StorageUnavailable               (object store)
     │   │   ├── ChannelUnavailable               (delivery channel provider)
     │   │   └── OAuthTokenUnavailable            (OAuth 2.0 token endpoint)
@@ -138,6 +139,15 @@ class MailboxUnavailable(ServiceUnavailable):
 
 class NatsUnavailable(ServiceUnavailable):
     """The NATS server could not be reached or the connection is down."""
+
+
+class NatsLoginRefused(NatsUnavailable):
+    """The NATS server refused the credentials.
+
+    Still a ``NatsUnavailable`` for the code that holds work while NATS is away (the
+    recognition gate); a long-running process that meets it at its start exits 2 with
+    one line instead of retrying: only a change of its settings can help.
+    """
 
 
 class StorageUnavailable(ServiceUnavailable):

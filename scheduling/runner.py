@@ -7,11 +7,14 @@ import threading
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
+import dramatiq.errors
+import redis.exceptions
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
 from mailroom.db.dsn import psycopg_dsn
-from mailroom.process.observability import active_sentry
+from mailroom.process.observability import active_sentry, scrub_text
+from mailroom.process.outage import OutageLog
 from mailroom.process.stop_signals import handle_stop_signals
 from mailroom.settings import Settings
 from scheduling import metrics
@@ -29,15 +32,38 @@ def monitor_slug(job_name: str) -> str:
     return job_name.replace(":", "-").replace("_", "-")
 
 
-def _run_job(job: PeriodicJob) -> None:
+#: What a send raises while the broker cannot be reached: an outage, told by ``OutageLog``.
+BROKER_DOWN: tuple[type[BaseException], ...] = (
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    dramatiq.errors.BrokerConnectionError,
+    OSError,
+)
+
+
+def broker_outage(settings: Settings) -> OutageLog:
+    """The scheduler's one line per change of the broker's reachability (password masked)."""
+    where = scrub_text(settings.broker_redis_url, ())
+    return OutageLog(f"Broker {where}", logger=logger, doing="the jobs send again at each tick")
+
+
+def _run_job(job: PeriodicJob, outage: OutageLog | None = None) -> None:
     """Send the job's message and check in with its Sentry cron monitor (when Sentry is on)."""
     ok = True
     try:
         job.send()
         metrics.SENDS.labels(job.name, "sent").inc()
+        if outage is not None:
+            outage.recovered()
+    except BROKER_DOWN as exc:
+        metrics.SENDS.labels(job.name, "failed").inc()
+        ok = False
+        if outage is None:
+            logger.error("Scheduler job %s could not send its message: %s", job.name, exc)
+        else:
+            outage.failed(f"job {job.name}: {type(exc).__name__}: {exc}", exc=exc)
     except Exception:
         metrics.SENDS.labels(job.name, "failed").inc()
-        # The broker may be briefly down; the next tick sends again.
         ok = False
         logger.exception("Scheduler job %s could not send its message", job.name)
     if active_sentry() is None:
@@ -59,7 +85,9 @@ def _run_job(job: PeriodicJob) -> None:
     )
 
 
-def build_scheduler(jobs: list[PeriodicJob]) -> BackgroundScheduler:
+def build_scheduler(
+    jobs: list[PeriodicJob], outage: OutageLog | None = None
+) -> BackgroundScheduler:
     """A scheduler whose jobs run once at start (a new leader catches up) and then every interval."""
     scheduler = BackgroundScheduler(timezone=UTC)
     now = datetime.now(UTC)
@@ -67,7 +95,7 @@ def build_scheduler(jobs: list[PeriodicJob]) -> BackgroundScheduler:
         scheduler.add_job(
             _run_job,
             IntervalTrigger(seconds=job.interval_s),
-            args=[job],
+            args=[job, outage],
             id=job.name,
             name=job.name,
             next_run_time=now,
@@ -90,6 +118,7 @@ class SchedulerService:
         )
         self.stopping = threading.Event()
         self.is_leader = threading.Event()
+        self.outage = broker_outage(settings)
 
     def stop(self) -> None:
         self.stopping.set()
@@ -105,7 +134,7 @@ class SchedulerService:
         self.election.release()
 
     def _lead(self, check_s: float) -> None:
-        scheduler = build_scheduler(job_table(self.settings))
+        scheduler = build_scheduler(job_table(self.settings), self.outage)
         scheduler.start()
         self.is_leader.set()
         metrics.LEADER.set(1)

@@ -14,6 +14,7 @@ import typer
 
 from mailroom.cli import errors
 from mailroom.cli.lazy import LazyGroup
+from mailroom.process import outage
 from mailroom.settings import Settings
 
 
@@ -60,6 +61,7 @@ def _options(
     ),
 ) -> None:
     errors.show_tracebacks = debug
+    outage.show_tracebacks = debug
 
 
 def load_settings(process: str) -> Settings:

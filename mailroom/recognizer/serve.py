@@ -7,6 +7,7 @@ import logging
 
 import nats.errors
 
+from mailroom.errors import NatsLoginRefused, NatsUnavailable
 from mailroom.process.stop_signals import handle_stop_signals
 from mailroom.recognizer.faults import RecognizerFaults
 from mailroom.recognizer.service import ReferenceRecognizer
@@ -14,9 +15,13 @@ from mailroom.settings import Settings
 
 logger = logging.getLogger(__name__)
 
+#: Exit status when the NATS server refuses the credentials (a configuration error).
+EXIT_LOGIN_REFUSED = 2
+
 
 def run(settings: Settings) -> int:
-    """Serve until SIGTERM/SIGINT, then drain and return 0 (1 if NATS went away)."""
+    """Serve until SIGTERM/SIGINT, then drain and return 0 (1 if NATS went away, 2 if it
+    refused the login)."""
     from mailroom.process.observability import start_metrics_server
 
     try:
@@ -36,8 +41,13 @@ async def _serve(settings: Settings, faults: RecognizerFaults) -> int:
     recognizer = ReferenceRecognizer(settings, faults=faults)
     try:
         await recognizer.start()
-    except (OSError, TimeoutError, nats.errors.Error) as exc:
-        logger.error("recognizer: cannot connect to NATS: %s: %.200s", type(exc).__name__, exc)
+    except NatsLoginRefused as exc:
+        # A configuration error, not an outage: one line and exit 2, as the bridges do.
+        logger.error("recognizer: cannot start: %s", exc)
+        await recognizer.stop()
+        return EXIT_LOGIN_REFUSED
+    except (NatsUnavailable, OSError, TimeoutError, nats.errors.Error) as exc:
+        logger.error("recognizer: cannot connect to NATS: %.300s", exc)
         await recognizer.stop()
         return 1
     stopped = asyncio.create_task(stop.wait())

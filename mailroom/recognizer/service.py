@@ -20,24 +20,20 @@ import uuid
 from collections import OrderedDict
 from importlib.metadata import PackageNotFoundError, version
 
-import nats
 import nats.errors
 from nats.aio.client import Client as NatsConnection
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from pydantic import ValidationError
 
-from mailroom.adapters.nats.login import connect_options, server_urls
 from mailroom.adapters.storage import ObjectStore, build_store
 from mailroom.errors import (
     AppError,
     ExtractionError,
     InvalidKey,
-    NatsUnavailable,
     ObjectNotFound,
     RetryableError,
 )
-from mailroom.process.observability import scrub_text
 from mailroom.recognition.contract.models import (
     MSG_ID_HEADER,
     RESULT_SCHEMA_VERSION,
@@ -52,6 +48,7 @@ from mailroom.recognition.contract.models import (
     dump,
     result_msg_id,
 )
+from mailroom.recognizer.connect import connect
 from mailroom.recognizer.extraction import extract
 from mailroom.recognizer.faults import RecognizerFaults
 from mailroom.recognizer.parsing import named_job, parse_request
@@ -68,9 +65,6 @@ CACHE_SIZE = 1_024
 MAX_CONCURRENCY = 16
 #: How long ``stop`` waits for requests in flight, in seconds.
 DRAIN_TIMEOUT_S = 30.0
-#: Wait between reconnect attempts, in seconds, and attempts before giving up.
-RECONNECT_WAIT_S = 1.0
-MAX_RECONNECT_ATTEMPTS = 60
 #: Error codes of transient failures: not remembered, a repeated request tries again.
 TRANSIENT_CODES = frozenset({"STORAGE_UNAVAILABLE", "INTERNAL_ERROR"})
 #: Files up to this size are extracted on the event loop, larger ones in a thread: a thread
@@ -135,37 +129,12 @@ class ReferenceRecognizer:
         """Connect and subscribe; returns once the server has the subscriptions."""
         self._stopping = False
 
-        async def on_error(exc: Exception) -> None:
-            logger.warning("recognizer: NATS error: %s: %.200s", type(exc).__name__, exc)
-
         async def on_closed() -> None:
             if not self._stopping:
                 logger.error("recognizer: NATS connection closed")
                 self.connection_lost.set()
 
-        nats_settings = self.settings.nats
-        servers = server_urls(nats_settings)
-        # NOTE: bounded as a whole: after a failed TLS handshake nats-py never returns.
-        budget_s = MAX_RECONNECT_ATTEMPTS * (RECONNECT_WAIT_S + nats_settings.connect_timeout_s)
-        try:
-            self._nc = await asyncio.wait_for(
-                nats.connect(
-                    servers,
-                    name=self.service.name,
-                    connect_timeout=nats_settings.connect_timeout_s,
-                    reconnect_time_wait=RECONNECT_WAIT_S,
-                    max_reconnect_attempts=MAX_RECONNECT_ATTEMPTS,
-                    error_cb=on_error,
-                    closed_cb=on_closed,
-                    **connect_options(nats_settings),
-                ),
-                budget_s,
-            )
-        except TimeoutError as exc:
-            raise NatsUnavailable(
-                f"connect {', '.join(scrub_text(url, ()) for url in servers)}: "
-                f"no connection in {budget_s:g} s"
-            ) from exc
+        self._nc = await connect(self.settings.nats, name=self.service.name, on_closed=on_closed)
         queue = self.settings.nats.recognizer_queue_group
         for subject in self.request_subjects:
             self._subs.append(await self._nc.subscribe(subject, queue=queue, cb=self._on_request))

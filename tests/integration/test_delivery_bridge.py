@@ -203,7 +203,7 @@ async def test_own_pending_entries_are_read_again_after_a_restart_of_the_loop(
     await running.stop()
 
 
-async def test_bridge_survives_a_redis_restart(tmp_path: Path, delivery_settings):
+async def test_bridge_survives_a_redis_restart(tmp_path: Path, delivery_settings, caplog):
     server = EmbeddedRedis(tmp_path / "redis").start()
     # No client retries: they would hide this short outage from the bridge's own
     # reconnect path, which is what this test is about (tests/faults covers retries).
@@ -223,6 +223,14 @@ async def test_bridge_survives_a_redis_restart(tmp_path: Path, delivery_settings
         await add(probe, delivery_settings, 2)
         await wait_until(lambda: recorder.ids == [1, 2], timeout_s=20)
         assert bridge.outages >= 1
+        # One line when the outage started (its next report would be 4 s on), one at its end.
+        lines = [r for r in caplog.records if r.name == "bridges.stream" and r.levelno >= 30]
+        assert [r.getMessage().split(" is ")[-1][:11] for r in lines] == [
+            "unreachable",
+            "reachable a",
+        ]
+        assert f"Redis redis://127.0.0.1:{server.port}/0" in lines[0].getMessage()
+        assert all(r.exc_info is None for r in lines)
         bridge.stop.set()
         await asyncio.wait_for(task, 5)
     finally:

@@ -197,8 +197,11 @@ class NatsClient:
     async def _on_error(self, exc: Exception) -> None:
         if self._closing:
             return
-        if self._nc is None and len(self._connect_errors) < MAX_CONNECT_ERRORS:
-            self._connect_errors.append(exc)
+        if self._nc is None:
+            # The first connection's tries: ``connect`` sums them up in one line if it fails.
+            if len(self._connect_errors) < MAX_CONNECT_ERRORS:
+                self._connect_errors.append(exc)
+            return
         error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         if error != self._last_error:
             # NOTE: not the URL: it may carry a password; the error names host and port.

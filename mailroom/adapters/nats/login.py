@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 import nats.errors
 
 from mailroom.adapters.tls import client_context
-from mailroom.errors import NatsUnavailable
+from mailroom.errors import NatsLoginRefused, NatsUnavailable
 from mailroom.process.observability import scrub_text
 from mailroom.settings import NatsSettings
 
@@ -89,8 +89,8 @@ def connect_error(
     """
     where = ", ".join(scrub_text(url, ()) for url in settings.server_urls)
     errors = [*seen, exc]
-    if any(_is_login_refused(error) for error in errors):
-        return NatsUnavailable(
+    if any(is_login_refused(error) for error in errors):
+        return NatsLoginRefused(
             f"connect {where}: NATS refused the login ({_login_kind(settings)}); "
             "check nats.user/password, token, nkey_seed_file or creds_file"
         )
@@ -103,7 +103,8 @@ def connect_error(
     return NatsUnavailable(f"connect {where}: {type(exc).__name__}")
 
 
-def _is_login_refused(error: BaseException) -> bool:
+def is_login_refused(error: BaseException) -> bool:
+    """Whether ``error`` is the server refusing the credentials."""
     return isinstance(error, nats.errors.AuthorizationError) or (
         "authorization violation" in str(error).lower()
     )

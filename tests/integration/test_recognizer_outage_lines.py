@@ -1,0 +1,32 @@
+"""The reference recognizer tells a NATS outage once per back-off step, without tracebacks."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from mailroom.devtools.stack import free_port
+from mailroom.errors import NatsUnavailable
+from mailroom.recognizer import connect as recognizer_connect
+from mailroom.settings import NatsSettings
+
+pytestmark = pytest.mark.integration
+
+
+async def test_a_nats_server_that_is_not_there_is_one_line_not_one_per_try(caplog, monkeypatch):
+    # Eight tries a tenth of a second apart: well within the first back-off step (4 s).
+    monkeypatch.setattr(recognizer_connect, "MAX_RECONNECT_ATTEMPTS", 8)
+    monkeypatch.setattr(recognizer_connect, "RECONNECT_WAIT_S", 0.1)
+    url = f"nats://127.0.0.1:{free_port()}"
+    settings = NatsSettings(url=url, connect_timeout_s=0.5)
+
+    async def closed() -> None:
+        pass
+
+    with caplog.at_level(logging.INFO), pytest.raises(NatsUnavailable):
+        await recognizer_connect.connect(settings, name="outage-test", on_closed=closed)
+
+    lines = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [r.getMessage().split(" (")[0] for r in lines] == [f"NATS {url} is unreachable"]
+    assert lines[0].exc_info is None
