@@ -201,3 +201,15 @@ def test_a_tar_gz_bomb_is_refused_while_its_stream_is_decompressed():
     (archive,) = parse_mail(_mail("bomb.tar.gz", bomb), LIMITS).attachments
     assert archive.check_reason.startswith("archive (tar) could not be opened: ")
     assert "compression ratio limit of 100" in archive.check_reason
+
+
+def test_a_7z_archive_is_kept_unopened_as_a_skipped_file():
+    seven = b"7z\xbc\xaf\x27\x1c\x00\x04" + b"\x00" * 100
+    (archive,) = parse_mail(
+        _mail("invoices.7z", seven, "application/x-7z-compressed"), LIMITS
+    ).attachments
+    assert (archive.file_type, archive.skip_reason, archive.container_reason) == (
+        "7z",
+        "file type '7z' is not recognized",
+        None,
+    )
