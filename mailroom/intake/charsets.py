@@ -37,6 +37,8 @@ SUPERSETS = {
 #: Fewest 8-bit bytes a text needs before a charset is guessed for it without a hint: a few
 #: bytes fit many charsets equally well (a two-character GBK name is valid Big5 too).
 MIN_DETECT_BYTES = 12
+#: Characters UTF-8 must read for each byte it cannot before a text counts as UTF-8.
+UTF8_GOOD_PER_BAD = 4
 #: Charsets raw header bytes are commonly written in, for mails that declare none that fit.
 COMMON = (
     "gb18030",
@@ -92,12 +94,26 @@ def decode_unlabelled(data: bytes, hints: Iterable[str] = ()) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError:
         pass
+    as_utf8 = data.decode("utf-8", "replace")
+    if _mostly_utf8(as_utf8):
+        return as_utf8  # UTF-8 with a stray byte: other charsets would misread all the rest
     hinted = _unique(hints)
     if hinted and (found := _detect(data, hinted)) is not None:
         return found
     if _high_bytes(data) >= MIN_DETECT_BYTES and (found := _detect(data, COMMON)) is not None:
         return found
     return data.decode("utf-8", "replace")
+
+
+def _mostly_utf8(text: str) -> bool:
+    """Whether UTF-8 read the text's 8-bit bytes, all but a few (``UTF8_GOOD_PER_BAD``).
+
+    Text in another charset has more bytes UTF-8 cannot read than sequences it can (GBK
+    text: about two bad for each good one), so many good sequences per bad one mean UTF-8.
+    """
+    bad = text.count("\ufffd")
+    good = sum(1 for char in text if char > "\x7f") - bad
+    return good >= UTF8_GOOD_PER_BAD * max(bad, 1)
 
 
 def _high_bytes(data: bytes) -> int:

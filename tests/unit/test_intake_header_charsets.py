@@ -127,3 +127,8 @@ def test_a_hint_that_cannot_read_the_bytes_is_passed_over():
     # A mail declaring Big5 whose raw header is GBK: Big5 cannot read it, detection can.
     subject = "发票通知 十一月 请查收附件"
     assert decode_unlabelled(subject.encode("gbk"), ["big5"]) == subject
+
+
+def test_utf8_with_a_stray_byte_stays_utf8_with_one_replacement_character():
+    data = "发票通知 十一月".encode() + b"\xff"
+    assert decode_unlabelled(data, ["gbk"]) == "发票通知 十一月\ufffd"
