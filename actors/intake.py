@@ -7,7 +7,6 @@ import asyncio
 import dramatiq
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from actors import queues
 from actors.middleware.resources import current
 from actors.middleware.retry_policy import RetryPolicy
 from actors.notifications import request_notification_pass
@@ -48,7 +47,7 @@ async def _nudge_publisher() -> None:
 
 # Failures of a batch are recorded on the cursor with their own backoff, so the actor
 # returns normally for them; it raises only when Postgres itself cannot be reached.
-@dramatiq.actor(queue_name=queues.INTAKE, retry_policy=RetryPolicy(max_attempts=3))
+@dramatiq.actor(**actor_names.POLL_MAILBOX.declared, retry_policy=RetryPolicy(max_attempts=3))
 async def poll_mailbox(mailbox: str) -> None:
     """Read new mail of one configured mailbox (ARCHITECTURE.md, Intake)."""
     resources = current()

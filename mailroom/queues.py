@@ -63,6 +63,8 @@ APPLY_RETENTION = ActorName("apply_retention", MAINTENANCE)
 # The bridges (bridges/nats.py, bridges/stream.py).
 APPLY_RECOGNITION_MESSAGES = ActorName("apply_recognition_messages", INBOX)
 DELIVER_CHANNEL_MESSAGES = ActorName("deliver_channel_messages", DELIVERY)
+# The IMAP watcher (bridges/imap.py), on news of new mail.
+POLL_MAILBOX = ActorName("poll_mailbox", INTAKE)
 
 #: Every name above: each must be a declared actor with its queue (tests/unit).
 SENT_BY_NAME = (
@@ -77,6 +79,7 @@ SENT_BY_NAME = (
     APPLY_RETENTION,
     APPLY_RECOGNITION_MESSAGES,
     DELIVER_CHANNEL_MESSAGES,
+    POLL_MAILBOX,
 )
 
 #: False in a process that only sends (``only_send``): ``import actors`` then declares none.

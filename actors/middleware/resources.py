@@ -21,11 +21,16 @@ from mailroom.adapters.channels import ChannelOutbound
 from mailroom.adapters.nats import NatsClient
 from mailroom.adapters.storage import ObjectStore, build_store
 from mailroom.db.engine import create_engine, create_sessionmaker
-from mailroom.intake.connections import ConnectionPool
+from mailroom.intake.account_slots import AccountSlots
+from mailroom.intake.connections import KEEP_S, ConnectionPool
 from mailroom.process.stop_signals import handle_stop_signals
 from mailroom.settings import DatabaseSettings, Settings
 
 logger = logging.getLogger(__name__)
+
+#: How long a poll's connection slot outlives the longest a kept connection waits, in seconds:
+#: its SELECTs renew it, a worker that dies frees it by then.
+SLOT_LEASE_MARGIN_S = 60.0
 
 T = TypeVar("T")
 
@@ -146,8 +151,18 @@ class Resources:
     async def imap_connections(self) -> ConnectionPool:
         """Logged-in IMAP connections kept between polls, per account (intake/connections.py)."""
 
+        # NOTE: the client first: ``_get`` holds its lock while it builds, and is not reentrant.
+        redis = await self.redis()
+
         async def build() -> ConnectionPool:
-            return ConnectionPool()
+            # Every process's logins count against the account's cap (intake/account_slots.py).
+            slots = AccountSlots(
+                redis,
+                namespace=self.settings.broker.namespace,
+                limit=self.settings.intake.max_connections_per_account,
+                ttl_s=KEEP_S + SLOT_LEASE_MARGIN_S,
+            )
+            return ConnectionPool(slots=slots)
 
         async def close(pool: ConnectionPool) -> None:
             await pool.aclose()

@@ -159,6 +159,15 @@ def bridge_stream() -> None:
     raise typer.Exit(run(settings))
 
 
+@bridge_app.command("imap")
+def bridge_imap() -> None:
+    """Watch the mailboxes (IMAP NOTIFY or IDLE) and send a poll when new mail comes."""
+    settings = start_service("bridge-imap")
+    from bridges.imap import run
+
+    raise typer.Exit(run(settings))
+
+
 @app.command()
 def scheduler() -> None:
     """Run the periodic jobs; one leader at a time through a Postgres advisory lock."""

@@ -121,6 +121,8 @@ def process_specs() -> list[tuple[str, list[str]]]:
         ),
         ("bridge-nats", [python, "-m", "mailroom", "bridge", "nats"]),
         ("bridge-stream", [python, "-m", "mailroom", "bridge", "stream"]),
+        # The IMAP watcher: new mail becomes a poll at once, not at the next pass.
+        ("bridge-imap", [python, "-m", "mailroom", "bridge", "imap"]),
         ("scheduler", [python, "-m", "mailroom", "scheduler"]),
         ("recognizer", [python, "-m", "mailroom", "recognizer"]),
     ]

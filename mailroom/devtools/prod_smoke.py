@@ -32,6 +32,7 @@ PROCESSES = {
     "worker": ["worker", "--processes", "1", "--threads", "2"],
     "bridge-nats": ["bridge", "nats"],
     "bridge-stream": ["bridge", "stream"],
+    "bridge-imap": ["bridge", "imap"],
     "scheduler": ["scheduler"],
     "recognizer": ["recognizer"],
 }

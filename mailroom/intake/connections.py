@@ -25,6 +25,7 @@ import hashlib
 import json
 import logging
 import time
+import uuid
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -33,6 +34,7 @@ from pydantic import SecretStr
 
 from mailroom.adapters.imap import FetchedMail, ImapMailbox, Mailbox, MailboxFactory
 from mailroom.errors import MailboxUnavailable
+from mailroom.intake.account_slots import AccountSlots
 from mailroom.settings import MailboxSettings
 
 logger = logging.getLogger(__name__)
@@ -78,8 +80,11 @@ class ConnectionPool:
         keep_s: float = KEEP_S,
         max_idle: int = MAX_IDLE_PER_ACCOUNT,
         max_kept: int = MAX_KEPT,
+        slots: AccountSlots | None = None,
     ) -> None:
         self._connect = connect
+        #: The accounts' connection slots shared with every process; None: no cap.
+        self.slots = slots
         self.keep_s = keep_s
         self.max_idle = max_idle
         self.max_kept = max_kept
@@ -91,7 +96,10 @@ class ConnectionPool:
         return PooledMailbox(self, settings)
 
     def open(self, settings: MailboxSettings) -> Mailbox:
-        return self._connect(settings)
+        mailbox = self._connect(settings)
+        if self.slots is None:
+            return mailbox
+        return SlottedMailbox(mailbox, self.slots, account_key(settings))
 
     def take(self, key: str) -> Mailbox | None:
         """The connection of this account given back last, if one was kept long enough ago."""
@@ -241,3 +249,83 @@ class PooledMailbox:
             await self._pool.give_back(self._key, inner)
         else:
             await inner.close()
+
+
+#: How long a new login waits for a slot of its account before the poll fails (and backs off).
+SLOT_WAIT_S = 2.0
+#: Wait between two looks for a free slot, in seconds.
+SLOT_RETRY_S = 0.1
+
+
+class SlottedMailbox:
+    """A ``Mailbox`` that holds one of its account's connection slots while it is open.
+
+    The slot is taken before the login (a poll waits ``SLOT_WAIT_S`` for one, then fails as
+    an unreachable server does), renewed at each SELECT (every poll that uses it, kept or
+    not) and given back when the connection closes.
+    """
+
+    def __init__(self, inner: Mailbox, slots: AccountSlots, account: str) -> None:
+        self.settings = getattr(inner, "settings", None)
+        self._inner = inner
+        self._slots = slots
+        self._account = account
+        self._holder = f"poll-{uuid.uuid4().hex}"
+        self._held = False
+
+    async def connect(self) -> None:
+        deadline = time.monotonic() + SLOT_WAIT_S
+        # One slot stays free for a watcher: NOTIFY watches a whole account on one connection.
+        room = self._slots.limit - 1
+        while not await self._slots.take(self._account, self._holder, limit=room):
+            if time.monotonic() >= deadline:
+                raise MailboxUnavailable(
+                    f"the account's {self._slots.limit} IMAP connections are in use "
+                    "(intake.max_connections_per_account)"
+                )
+            await asyncio.sleep(SLOT_RETRY_S)
+        self._held = True
+        try:
+            await self._inner.connect()
+        except BaseException:
+            await self._give_back()
+            raise
+
+    async def _give_back(self) -> None:
+        if self._held:
+            self._held = False
+            try:
+                await self._slots.give_back(self._account, self._holder)
+            except Exception as exc:  # Redis away: the slot's lease runs out by itself
+                logger.warning("IMAP connection slot not given back: %r", exc)
+
+    async def check_health(self) -> None:
+        await self._inner.check_health()
+
+    async def select(self, folder: str) -> int:
+        await self._slots.take(self._account, self._holder)  # renew: the connection lives on
+        return await self._inner.select(folder)
+
+    async def uids_above(self, uid: int) -> list[int]:
+        return await self._inner.uids_above(uid)
+
+    async def larger_than(self, uids: list[int], size: int) -> set[int]:
+        return await self._inner.larger_than(uids, size)
+
+    async def fetch(self, uids: list[int]) -> list[FetchedMail]:
+        return await self._inner.fetch(uids)
+
+    async def fetch_headers(self, uids: list[int]) -> list[FetchedMail]:
+        return await self._inner.fetch_headers(uids)
+
+    async def add_flags(self, uids: list[int], flag: str) -> None:
+        await self._inner.add_flags(uids, flag)
+
+    async def move(self, uids: list[int], folder: str) -> None:
+        await self._inner.move(uids, folder)
+
+    async def close(self) -> None:
+        try:
+            await self._inner.close()
+        finally:
+            await self._give_back()

@@ -275,8 +275,12 @@ async def adopt_uidvalidity(
 
 async def finish_batch(
     sessions: async_sessionmaker[AsyncSession], claim: Claim, *, highest_uid: int
-) -> None:
-    """Advance ``last_uid`` to the highest UID scanned, release the lease, reset retry state."""
+) -> bool:
+    """Advance ``last_uid`` to the highest UID scanned, release the lease, reset retry state.
+
+    True when a poll sent meanwhile found the cursor leased: poll again now.
+    """
     done = await lease_write(sessions, FINISH_BATCH, {**_owner(claim), "highest_uid": highest_uid})
     if done is None:
         raise LeaseLost(f"mailbox {claim.mailbox}: lease lost before the batch finished")
+    return bool(done[1])

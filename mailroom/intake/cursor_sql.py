@@ -37,6 +37,7 @@ WITH old AS (
 )
 UPDATE mailbox_cursor AS c
    SET poll_queued_at = NULL,
+       poll_again = d.skip IS NOT DISTINCT FROM 'leased',
        status = CASE WHEN d.skip IS NULL THEN 'processing' ELSE c.status END,
        lease_id = CASE WHEN d.skip IS NULL THEN %(lease_id)s ELSE c.lease_id END,
        lease_until = CASE WHEN d.skip IS NULL THEN d.now + %(lease)s ELSE c.lease_until END,
@@ -74,12 +75,13 @@ UPDATE mailbox_cursor SET uidvalidity = %(uidvalidity)s, updated_at = now()
 RETURNING id
 """
 
-#: ``finish_batch``'s statement.
+#: ``finish_batch``'s statement; ``poll_again`` says whether a poll sent meanwhile found the
+#: cursor leased (it stays set until the next claim, which reads the folder anyway).
 FINISH_BATCH = f"""
 UPDATE mailbox_cursor
    SET last_uid = greatest(last_uid, %(highest_uid)s), status = 'idle',
        lease_id = NULL, lease_until = NULL, retry_count = 0, attempt_count = 0,
        next_retry_at = NULL, last_error = NULL, updated_at = now()
  WHERE id = %(cursor_id)s AND lease_id = %(lease_id)s AND {ASYNC_COMMIT}
-RETURNING id
+RETURNING id, poll_again
 """

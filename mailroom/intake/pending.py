@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
-from sqlalchemy import ColumnElement, or_, select, tuple_, update
+from sqlalchemy import ColumnElement, or_, select, true, tuple_, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import InstrumentedAttribute
@@ -27,6 +27,7 @@ async def mark_polls_queued(
     *,
     lost_after_s: float,
     clock: DbClock = db_now,
+    leased_too: bool = False,
 ) -> set[str]:
     """Mark the (mailbox, folder) pairs a poll may be sent to now; the mailboxes marked.
 
@@ -34,6 +35,10 @@ async def mark_polls_queued(
     than ``lost_after_s``: an older mark is taken for a lost message), running (leased),
     backing off or blocked: its poll would only wait in the queue or skip. The claim
     clears the mark. Creates missing cursors, as the claim does.
+
+    ``leased_too``: mark a leased cursor as well (the watcher's news): the running poll may
+    have searched before the new mail came, and the sent poll's claim, finding the lease,
+    tells it to poll again (``poll_again``).
     """
     if not mailboxes:
         return set()
@@ -53,7 +58,7 @@ async def mark_polls_queued(
                 tuple_(MailboxCursor.mailbox, MailboxCursor.folder).in_(list(mailboxes)),
                 MailboxCursor.status != "blocked",
                 _not_after(MailboxCursor.poll_queued_at, now - timedelta(seconds=lost_after_s)),
-                _not_after(MailboxCursor.lease_until, now),
+                true() if leased_too else _not_after(MailboxCursor.lease_until, now),
                 _not_after(MailboxCursor.next_retry_at, now),
             )
             .order_by(MailboxCursor.id)

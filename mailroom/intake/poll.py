@@ -117,7 +117,8 @@ async def poll_mailbox(name: str, *, settings: IntakeSettings, deps: IntakeDeps)
         raise
     batch_done_at = time.monotonic()
     try:
-        await cursors.finish_batch(deps.sessions, claim, highest_uid=result.highest_uid)
+        if await cursors.finish_batch(deps.sessions, claim, highest_uid=result.highest_uid):
+            result.more_waiting = True  # a poll sent meanwhile (new mail) found us running
     except LeaseLost as exc:
         await _give_back(ctx, deps)
         return _lease_lost(name, exc)

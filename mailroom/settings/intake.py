@@ -103,6 +103,18 @@ class IntakeSettings(StrictModel):
     mailboxes: list[MailboxSettings] = Field(default_factory=list)
     #: Length of a mailbox lease, in seconds; the heartbeat renews it every third.
     lease_s: float = 60.0
+    #: IMAP connections of one account open at once in all processes, watchers' and polls'
+    #: (counted in Redis); keep it under the server's per-user limit (Dovecot's
+    #: mail_max_userip_connections: 10, Gmail: 15). Polls leave one to the watcher.
+    max_connections_per_account: int = Field(default=8, ge=2)
+    #: Of those, most the watcher holds for one account: NOTIFY needs one, IDLE one a folder
+    #: (folders past it are read at the scheduler's passes only).
+    watch_connections_per_account: int = Field(default=6, ge=1)
+    #: How long a watcher's hold on an account lasts unrenewed: another watcher takes over the
+    #: accounts of one that died within it, in seconds.
+    watch_lease_s: float = Field(default=30.0, gt=0)
+    #: Longest wait before a watcher logs in again after its connection failed, in seconds.
+    watch_max_backoff_s: float = Field(default=60.0, gt=0)
     #: A poll sent and not yet started after this long is taken for a lost message and sent
     #: again, in seconds. Not tied to lease_s: a poll may wait behind a long intake queue.
     poll_lost_after_s: float = Field(default=900.0, gt=0)

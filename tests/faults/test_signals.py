@@ -25,6 +25,7 @@ READY = {
     "worker": "Worker process is ready for action",
     "bridge nats": "NATS bridge ready",
     "bridge stream": "Stream bridge",
+    "bridge imap": "IMAP watcher",
     "scheduler": "is the leader",
     "recognizer": "recognizer: listening",
 }
@@ -109,7 +110,9 @@ def test_worker_under_uv_run_stops_cleanly_on_ctrl_c(process_env, tmp_path, grou
         _kill_group(process)
 
 
-@pytest.mark.parametrize("command", ["bridge nats", "bridge stream", "scheduler", "recognizer"])
+@pytest.mark.parametrize(
+    "command", ["bridge nats", "bridge stream", "bridge imap", "scheduler", "recognizer"]
+)
 def test_process_stops_cleanly_on_two_signals_within_a_second(process_env, tmp_path, command):
     # Given a process command that is serving
     log = tmp_path / "process.log"

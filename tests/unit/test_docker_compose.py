@@ -125,7 +125,13 @@ def test_every_part_of_the_system_has_a_service():
     services = _services()
     assert {"postgres", "redis", "nats", "minio", "mail", "migrate"} <= set(services)
     commands = [s["command"] for s in _mailroom_services().values()]
-    for process in (["bridge", "nats"], ["bridge", "stream"], ["scheduler"], ["recognizer"]):
+    for process in (
+        ["bridge", "nats"],
+        ["bridge", "stream"],
+        ["bridge", "imap"],
+        ["scheduler"],
+        ["recognizer"],
+    ):
         assert process in commands, f"no service runs mailroom {' '.join(process)}"
     queues = [_worker_queues(c) for c in commands if c[0] == "worker"]
     assert all(len(q) == 1 for q in queues), "one worker service per queue"
@@ -288,6 +294,13 @@ def test_postgres_admits_every_connection_the_stack_can_open(settings_of):
     opened = SCHEDULER_CONNECTIONS + OPERATOR_CONNECTIONS
     for service in _mailroom_services().values():
         command = service["command"]
+        if command == ["bridge", "imap"]:  # the watcher's own small pool
+            from bridges.imap import POOL_SIZE
+
+            database = settings_of(service).database.model_copy(update={"pool_size": POOL_SIZE})
+            pool = create_engine(database).sync_engine.pool
+            opened += pool.size() + pool._max_overflow  # type: ignore[attr-defined]
+            continue
         if command[0] != "worker":
             continue
         threads = _option(command, "--threads", "-t")
@@ -305,9 +318,11 @@ def test_only_the_stages_after_intake_yield_the_cpu():
     """As ``mailroom dev`` runs them (``PROCESS_NICE``, nice 10: CFS weight 110 against 1024)."""
     for name, service in _mailroom_services().items():
         command = service["command"]
-        downstream = (command[0] == "worker" and _worker_queues(command) != [INTAKE]) or command[
-            0
-        ] in ("bridge", "recognizer")
+        downstream = (
+            (command[0] == "worker" and _worker_queues(command) != [INTAKE])
+            or (command[0] == "bridge" and command != ["bridge", "imap"])
+            or command[0] == "recognizer"
+        )
         expected = 110 if downstream else None
         assert service.get("cpu_shares") == expected, (
             f"{name}: cpu_shares {service.get('cpu_shares')}"

@@ -230,6 +230,7 @@ def test_the_recognizer_command_loads_neither_aiohttp_nor_rich():
 _SERVICES = {
     "bridge nats": ("bridges.nats", "run", ["bridge", "nats"]),
     "bridge stream": ("bridges.stream", "run", ["bridge", "stream"]),
+    "bridge imap": ("bridges.imap", "run", ["bridge", "imap"]),
     "scheduler": ("scheduling.runner", "run", ["scheduler"]),
     "recognizer": ("mailroom.recognizer.serve", "run", ["recognizer"]),
 }

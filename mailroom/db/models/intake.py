@@ -68,6 +68,9 @@ class MailboxCursor(Base):
     attempt_count: Mapped[int] = mapped_column(Integer, server_default="0")
     #: When the scheduler's pass sent a poll that no claim has taken yet (one queued at a time).
     poll_queued_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    #: A poll found the cursor leased by a running one, which may have searched the folder
+    #: before the mail it was sent for came: the running poll sends the next one at its end.
+    poll_again: Mapped[bool] = mapped_column(server_default=text("false"))
     created_at: Mapped[datetime] = now_column()
     updated_at: Mapped[datetime] = now_column()
 
