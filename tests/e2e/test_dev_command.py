@@ -18,6 +18,7 @@ from imapclient import IMAPClient
 
 from mailroom.db.migrate import PROJECT_ROOT
 from mailroom.devtools import docs_examples
+from mailroom.devtools.children import spawn
 from mailroom.devtools.dev import StageView
 from mailroom.devtools.imap import DEMO_PASSWORD, DEMO_USER
 from mailroom.devtools.seed import build_mail, invoice_csv, sample_mails
@@ -49,7 +50,7 @@ class DevRun:
         env = _dev_env(ports)
         self.lines: list[str] = []
         self.ready = threading.Event()
-        self.process = subprocess.Popen(
+        self.process = spawn(
             [
                 sys.executable,
                 "-m",

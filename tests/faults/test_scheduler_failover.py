@@ -12,6 +12,7 @@ import pytest
 
 from mailroom.db.engine import libpq_dsn
 from mailroom.db.migrate import PROJECT_ROOT
+from mailroom.devtools.children import spawn
 from scheduling.leader import current_leader
 
 pytestmark = pytest.mark.faults
@@ -20,11 +21,10 @@ KEY = 777001
 
 
 def _scheduler(env: dict[str, str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
+    return spawn(
         [sys.executable, "-m", "mailroom", "scheduler"],
         env=env,
         cwd=PROJECT_ROOT,
-        start_new_session=True,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

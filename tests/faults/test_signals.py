@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from mailroom.db.migrate import PROJECT_ROOT
+from mailroom.devtools.children import spawn
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(300)]
 
@@ -35,11 +36,10 @@ START_TIMEOUT_S = 120.0
 
 def _start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     with log.open("wb") as out:
-        return subprocess.Popen(
+        return spawn(
             args,
             env=env,
             cwd=PROJECT_ROOT,
-            start_new_session=True,
             stdout=out,
             stderr=subprocess.STDOUT,
         )

@@ -18,6 +18,7 @@ import pytest
 import redis
 
 from mailroom.db.migrate import PROJECT_ROOT
+from mailroom.devtools.children import spawn
 
 pytestmark = pytest.mark.faults
 
@@ -42,7 +43,7 @@ def _worker_env(redis_url: str) -> dict[str, str]:
 
 
 def _start_worker(env: dict[str, str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
+    return spawn(
         [
             sys.executable,
             "-m",
@@ -57,7 +58,6 @@ def _start_worker(env: dict[str, str]) -> subprocess.Popen[bytes]:
         ],
         env=env,
         cwd=PROJECT_ROOT,
-        start_new_session=True,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

@@ -12,6 +12,7 @@ import time
 import pytest
 
 from mailroom.db.migrate import PROJECT_ROOT
+from mailroom.devtools.children import spawn
 from mailroom.devtools.stack import free_port
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(300)]
@@ -31,11 +32,10 @@ def test_a_worker_without_its_broker_reports_once_per_backoff_step(tmp_path):
     )
     log = tmp_path / "worker.log"
     with log.open("wb") as out:
-        process = subprocess.Popen(
+        process = spawn(
             [sys.executable, "-m", "mailroom", "worker", "--processes", "1", "--threads", "2"],
             env=env,
             cwd=PROJECT_ROOT,
-            start_new_session=True,
             stdout=out,
             stderr=subprocess.STDOUT,
         )
