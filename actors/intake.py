@@ -75,12 +75,19 @@ async def poll_mailbox(mailbox: str) -> None:
 
 
 async def _send_polls(
-    sessions: async_sessionmaker[AsyncSession], intake: IntakeSettings, names: list[str]
+    sessions: async_sessionmaker[AsyncSession],
+    intake: IntakeSettings,
+    names: list[str],
+    *,
+    watched_poll_interval_s: float | None = None,
 ) -> None:
     """Send a poll to each of ``names`` that has none queued or running (``intake.pending``)."""
     folders = {m.name: m.folder for m in intake.mailboxes if m.enabled and m.name in names}
     marked = await mark_polls_queued(
-        sessions, list(folders.items()), lost_after_s=intake.poll_lost_after_s
+        sessions,
+        list(folders.items()),
+        lost_after_s=intake.poll_lost_after_s,
+        watched_poll_interval_s=watched_poll_interval_s,
     )
     # In the order given (the configured one), so each pass serves the mailboxes alike.
     due = [name for name in names if name in marked]
@@ -95,4 +102,10 @@ async def poll_mailboxes() -> None:
     names = [mailbox.name for mailbox in intake.mailboxes if mailbox.enabled]
     # A mailbox whose last poll is still queued or running gets none: a backlog on the intake
     # queue then holds one poll per mailbox, not one per pass, and each gets its turn.
-    await _send_polls(await current().sessions(), intake, names)
+    # A folder a watcher watches live is polled only now and then: its news come at once.
+    await _send_polls(
+        await current().sessions(),
+        intake,
+        names,
+        watched_poll_interval_s=intake.watched_poll_interval_s,
+    )

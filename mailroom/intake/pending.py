@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
-from sqlalchemy import ColumnElement, or_, select, true, tuple_, update
+from sqlalchemy import ColumnElement, func, or_, select, true, tuple_, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import InstrumentedAttribute
@@ -28,6 +28,7 @@ async def mark_polls_queued(
     lost_after_s: float,
     clock: DbClock = db_now,
     leased_too: bool = False,
+    watched_poll_interval_s: float | None = None,
 ) -> set[str]:
     """Mark the (mailbox, folder) pairs a poll may be sent to now; the mailboxes marked.
 
@@ -39,6 +40,8 @@ async def mark_polls_queued(
     ``leased_too``: mark a leased cursor as well (the watcher's news): the running poll may
     have searched before the new mail came, and the sent poll's claim, finding the lease,
     tells it to poll again (``poll_again``).
+    ``watched_poll_interval_s`` (the scheduler's pass): leave out a folder a watcher watches
+    live (``watched_until`` ahead) whose last poll is more recent than this.
     """
     if not mailboxes:
         return set()
@@ -60,6 +63,7 @@ async def mark_polls_queued(
                 _not_after(MailboxCursor.poll_queued_at, now - timedelta(seconds=lost_after_s)),
                 true() if leased_too else _not_after(MailboxCursor.lease_until, now),
                 _not_after(MailboxCursor.next_retry_at, now),
+                _polled_unless_watched(now, watched_poll_interval_s),
             )
             .order_by(MailboxCursor.id)
             .with_for_update(skip_locked=True)
@@ -78,3 +82,32 @@ def _not_after(
 ) -> ColumnElement[bool]:
     """``column`` is unset or at/before ``moment``."""
     return or_(column.is_(None), column <= moment)
+
+
+def _polled_unless_watched(now: datetime, interval_s: float | None) -> ColumnElement[bool]:
+    """Not watched live, or last polled ``interval_s`` ago or longer (None: always true)."""
+    if interval_s is None:
+        return true()
+    return or_(
+        _not_after(MailboxCursor.watched_until, now),
+        MailboxCursor.updated_at <= now - timedelta(seconds=interval_s),
+    )
+
+
+async def mark_watched(
+    sessions: async_sessionmaker[AsyncSession],
+    mailboxes: Sequence[tuple[str, str]],
+    *,
+    for_s: float | None,
+) -> None:
+    """Say a watcher announces the new mail of these (mailbox, folder) pairs for ``for_s``
+    seconds from now (None: no longer). Cursors not created yet are left for the first poll."""
+    if not mailboxes:
+        return
+    async with lease_transaction(sessions) as session:
+        until = None if for_s is None else func.now() + timedelta(seconds=for_s)
+        await session.execute(
+            update(MailboxCursor)
+            .where(tuple_(MailboxCursor.mailbox, MailboxCursor.folder).in_(list(mailboxes)))
+            .values(watched_until=until)
+        )

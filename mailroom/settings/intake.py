@@ -115,6 +115,9 @@ class IntakeSettings(StrictModel):
     watch_lease_s: float = Field(default=30.0, gt=0)
     #: Longest wait before a watcher logs in again after its connection failed, in seconds.
     watch_max_backoff_s: float = Field(default=60.0, gt=0)
+    #: How often the scheduler's pass polls a folder a watcher watches live (a guard against
+    #: an announcement lost), in seconds; folders nobody watches are polled at every pass.
+    watched_poll_interval_s: float = Field(default=600.0, gt=0)
     #: A poll sent and not yet started after this long is taken for a lost message and sent
     #: again, in seconds. Not tied to lease_s: a poll may wait behind a long intake queue.
     poll_lost_after_s: float = Field(default=900.0, gt=0)

@@ -25,7 +25,7 @@ from mailroom.config_store import effective
 from mailroom.errors import AppError
 from mailroom.intake.account_slots import AccountSlots
 from mailroom.intake.connections import account_key
-from mailroom.intake.pending import mark_polls_queued
+from mailroom.intake.pending import mark_polls_queued, mark_watched
 from mailroom.process.identity import host_pid
 from mailroom.settings import IntakeSettings, MailboxSettings, Settings
 from mailroom.watcher.account import AccountWatch
@@ -119,7 +119,10 @@ class Watcher:
                     await asyncio.wait_for(self.stop.wait(), self._intake.watch_lease_s / 3)
         finally:
             sender.cancel()
+            watched = self._watched_pairs()
             await self._stop_watches(list(self.watches))
+            with contextlib.suppress(*ROUND_ERRORS):  # else they run out within a lease
+                await mark_watched(self.sessions, watched, for_s=None)
             with contextlib.suppress(*ROUND_ERRORS):
                 await self.leases.release_all()
             with contextlib.suppress(asyncio.CancelledError):
@@ -147,6 +150,15 @@ class Watcher:
         self._accounts = {key: accounts[key] for key in held}
         for account in held - set(self.watches):
             self._start_watch(account, accounts[account])
+        # The folders watched live now: the scheduler's pass polls them only now and then.
+        await mark_watched(self.sessions, self._watched_pairs(), for_s=self._intake.watch_lease_s)
+
+    def _watched_pairs(self) -> list[tuple[str, str]]:
+        pairs = []
+        for key, (watch, _) in self.watches.items():
+            names = self._accounts[key].names if key in self._accounts else {}
+            pairs += [(name, folder) for folder in watch.watching for name in names.get(folder, [])]
+        return pairs
 
     def _start_watch(self, key: str, account: Account) -> None:
         async def announce(folders: list[str]) -> None:

@@ -163,3 +163,33 @@ async def test_two_watchers_keep_an_accounts_connections_under_its_cap(intake_en
         await _stop(second, second_task)
         await polls.drain()
         await redis.aclose()
+
+
+async def test_the_pass_polls_a_live_watched_folder_only_now_and_then(intake_env, watch_settings):
+    from mailroom.intake.pending import mark_polls_queued
+
+    async def pass_marks() -> set[str]:
+        return await mark_polls_queued(
+            intake_env.sessions,
+            [("box", intake_env.folder)],
+            lost_after_s=900,
+            watched_poll_interval_s=600,
+        )
+
+    polls = Polls(intake_env)
+    watcher, task = await _start(watch_settings, intake_env, polls, "w1")
+    try:
+        await _until("the first poll", lambda: _async(bool(polls.sent)))
+        await polls.drain()
+
+        async def watched() -> bool:
+            return (await intake_env.cursor()).watched_until is not None
+
+        await _until("the folder marked watched", watched)
+        assert await pass_marks() == set(), "watched live and polled just now: the pass skips it"
+    finally:
+        await _stop(watcher, task)
+        await polls.drain()
+    # A watcher that stops says so: the pass polls the folder again at once.
+    assert (await intake_env.cursor()).watched_until is None
+    assert await pass_marks() == {"box"}

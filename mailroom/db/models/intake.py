@@ -71,6 +71,9 @@ class MailboxCursor(Base):
     #: A poll found the cursor leased by a running one, which may have searched the folder
     #: before the mail it was sent for came: the running poll sends the next one at its end.
     poll_again: Mapped[bool] = mapped_column(server_default=text("false"))
+    #: A watcher announces this folder's new mail until then (renewed each lease round): the
+    #: scheduler's pass polls it only every ``intake.watched_poll_interval_s``.
+    watched_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     created_at: Mapped[datetime] = now_column()
     updated_at: Mapped[datetime] = now_column()
 
