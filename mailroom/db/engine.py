@@ -18,7 +18,13 @@ from sqlalchemy.ext.asyncio import (
 )
 from sqlalchemy.pool import PoolResetState
 
-from mailroom.db.dsn import keepalive_args, server_keepalive_options, tls_params
+from mailroom.db.dsn import (
+    connection_params,
+    host_pairs,
+    keepalive_args,
+    server_keepalive_options,
+    tls_params,
+)
 from mailroom.settings import DatabaseSettings
 
 #: Sent first in a transaction whose prepared statements find their rows by key alone: their
@@ -75,8 +81,24 @@ def database_url(settings: DatabaseSettings) -> str:
     engines, alembic, and the direct psycopg connections of ``libpq_dsn``. The result
     carries the password: never log it (``mailroom.process.observability.scrub_text`` masks it).
     """
-    from sqlalchemy.engine import make_url
+    from sqlalchemy.engine import URL, make_url
 
+    params = connection_params(settings)
+    pairs = host_pairs(params)
+    if len(pairs) > 1 or "target_session_attrs" in params:
+        # SQLAlchemy's own spelling of several hosts; it hands libpq the comma lists.
+        named = {"host", "port", "user", "password", "dbname"}
+        query: dict[str, str | tuple[str, ...]] = {
+            name: value for name, value in params.items() if name not in named
+        }
+        query["host"] = tuple(f"{host}:{port}" if port else host for host, port in pairs)
+        return URL.create(
+            settings.url.partition("://")[0],
+            username=params.get("user"),
+            password=params.get("password"),
+            database=params.get("dbname"),
+            query=query,
+        ).render_as_string(hide_password=False)
     given = tls_params(settings)
     password = settings.password.get_secret_value()
     if not given and not password:

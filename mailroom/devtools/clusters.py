@@ -1,7 +1,8 @@
 """Clustered servers on loopback for the cluster tests and the cluster soak.
 
-A NATS cluster of three JetStream servers, built from the same binaries as the single
-servers of ``stack``. Every server listens on a fixed port (``base_port`` and up), so a
+A NATS cluster of three JetStream servers, a Redis primary with a replica and three
+sentinels, a Postgres primary with a synchronous streaming standby, built from the same
+binaries as the single servers of ``stack``. Every server listens on a fixed port (``base_port`` and up), so a
 node killed and started again comes back where its peers and clients look for it.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import subprocess
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -17,6 +19,7 @@ from typing import Any, Self
 
 from mailroom.devtools.stack import (
     START_TIMEOUT_S,
+    EmbeddedPostgres,
     ServerStartError,
     _Server,
     _wait_for_port,
@@ -294,3 +297,107 @@ class RedisSentinelGroup:
 
         with redis.Redis(port=sentinel.port, socket_timeout=1.0) as client:
             return bool(client.sentinel_slaves(REDIS_MASTER_NAME))
+
+
+@dataclass
+class StandbyPostgres(EmbeddedPostgres):
+    """A streaming standby of the Postgres on ``primary_port``, cloned at its first start."""
+
+    primary_port: int = 0
+
+    def start(self) -> Self:
+        if not (self.pgdata / "PG_VERSION").exists():
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            self.data_dir = self.data_dir.resolve()
+            run_as = self._run_as()
+            # --checkpoint=fast: else the clone waits for the primary's next checkpoint.
+            result = subprocess.run(
+                [
+                    str(self._bin("pg_basebackup")),
+                    *("-h", "127.0.0.1", "-p", str(self.primary_port), "-U", "postgres"),
+                    *("-D", str(self.pgdata), "-R", "-X", "stream", "--checkpoint=fast"),
+                ],
+                capture_output=True,
+                text=True,
+                check=False,
+                timeout=START_TIMEOUT_S,
+                **run_as,  # type: ignore[call-overload]
+            )
+            if result.returncode != 0:
+                raise ServerStartError(f"pg_basebackup failed: {result.stderr.strip()[-2000:]}")
+            self.pgdata.chmod(0o700)  # Postgres refuses a data folder others may read
+        return super().start()
+
+    def promote(self) -> None:
+        """``pg_ctl promote``: the standby ends recovery and takes writes."""
+        result = subprocess.run(
+            [str(self._bin("pg_ctl")), "promote", "-w", "-D", str(self.pgdata)],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=START_TIMEOUT_S,
+            **self._run_as(),  # type: ignore[call-overload]
+        )
+        if result.returncode != 0:
+            raise ServerStartError(f"pg_ctl promote failed: {result.stderr.strip()[-2000:]}")
+
+
+@dataclass
+class PostgresPair:
+    """A Postgres primary on ``base_port`` and its synchronous streaming standby on ``+ 1``.
+
+    Synchronous: a commit returns once the standby has its WAL, so a promoted standby holds
+    every commit a client saw.
+    """
+
+    data_dir: Path
+    base_port: int
+    database: str = "mailroom"
+    primary: EmbeddedPostgres = field(init=False)
+    standby: StandbyPostgres = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.primary = EmbeddedPostgres(
+            self.data_dir / "primary",
+            port=self.base_port,
+            database=self.database,
+        )
+        self.standby = StandbyPostgres(
+            self.data_dir / "standby",
+            port=self.base_port + 1,
+            database=self.database,
+            primary_port=self.base_port,
+        )
+
+    @property
+    def hosts(self) -> list[str]:
+        return [f"127.0.0.1:{self.primary.port}", f"127.0.0.1:{self.standby.port}"]
+
+    def start(self) -> Self:
+        import psycopg
+
+        self.primary.start()
+        self.standby.start()
+        # Synchronous only once the standby streams: before, every commit would wait for it.
+        with psycopg.connect(self.primary.dsn("postgres"), autocommit=True) as conn:
+            conn.execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
+            conn.execute("SELECT pg_reload_conf()")
+            deadline = time.monotonic() + START_TIMEOUT_S
+            while time.monotonic() < deadline:
+                row = conn.execute(
+                    "SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'"
+                ).fetchone()
+                if row and row[0]:
+                    return self
+                time.sleep(0.05)
+        raise ServerStartError(f"postgres: no synchronous standby in {START_TIMEOUT_S} s")
+
+    def stop(self) -> None:
+        self.standby.stop()
+        self.primary.stop()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()

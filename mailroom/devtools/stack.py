@@ -281,6 +281,8 @@ class EmbeddedPostgres(_Server):
     name: str = field(init=False, default="postgres")
     fast: bool = False
     database: str = "mailroom"
+    #: More server settings (``name=value``), after the ones of ``fast``.
+    options: tuple[str, ...] = ()
 
     @property
     def pgdata(self) -> Path:
@@ -359,6 +361,8 @@ class EmbeddedPostgres(_Server):
                 "-c",
                 "full_page_writes=off",
             ]
+        for option in self.options:
+            args += ["-c", option]
         self._spawn(args, **run_as)
         assert self.process is not None
         self._wait_ready()

@@ -19,7 +19,17 @@ from mailroom.settings.base import (
 
 
 class DatabaseSettings(StrictModel):
+    #: Also libpq's several hosts (``…@h1:5432,h2:5432/db``) or SQLAlchemy's (``?host=h1:5432&host=h2:5432``).
     url: str = f"postgresql+psycopg://postgres@127.0.0.1:{DEV_POSTGRES_PORT}/mailroom"
+    #: Servers of a primary and its standbys (``host:port``), tried in order; when given they
+    #: replace the URL's host. Every connection (engines, alembic, leader election, gauges,
+    #: status) takes the first that accepts ``target_session_attrs``.
+    hosts: list[str] = []
+    #: libpq's ``target_session_attrs``; empty: ``read-write`` with several hosts, else
+    #: libpq's default (any server).
+    target_session_attrs: Literal[
+        "", "any", "read-write", "read-only", "primary", "standby", "prefer-standby"
+    ] = ""
     #: Connections a process keeps open; a worker keeps at least one per thread (its actors).
     pool_size: int = 5
     #: Longest a statement may run before Postgres cancels it, in milliseconds.
