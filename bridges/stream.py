@@ -8,7 +8,8 @@ actor message was sent, so a bridge killed in between
 leaves it pending and another bridge claims it; the delivery actor's delivered
 fast path makes the duplicate harmless. Malformed entries are acknowledged and
 counted. Redis going away is survived by reconnecting with backoff, and told
-once when it starts, at most once per back-off step and once when it ends.
+once when it starts, at most once per back-off step and once when it ends. A
+Redis that refuses the login at the start is no outage: one line, exit 2.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ from mailroom.settings import DeliverySettings, RedisSettings, Settings
 
 logger = logging.getLogger(__name__)
 
+#: Exit status when Redis refuses the credentials at the start (a configuration error).
+EXIT_LOGIN_REFUSED = 2
 #: First wait before reconnecting or re-sending after a failure, in seconds.
 INITIAL_BACKOFF_S = 0.1
 
@@ -79,8 +82,13 @@ class StreamBridge:
             doing="the entries wait in the stream",
         )
 
-    async def run(self) -> None:
-        """Consume until ``stop`` is set; Redis outages are waited out with backoff."""
+    async def run(self) -> int:
+        """Consume until ``stop`` is set; Redis outages are waited out with backoff.
+
+        Returns 0, or ``EXIT_LOGIN_REFUSED`` when Redis refused the login before the
+        bridge ever read (later refusals are an outage: a restarted Redis may lag its ACL).
+        """
+        started = False
         logger.info(
             "Stream bridge %s consuming %s (group %s)",
             self.consumer,
@@ -90,7 +98,20 @@ class StreamBridge:
         while not self.stop.is_set():
             try:
                 await self.ensure_group()
+                started = True
                 await self._consume()
+            except redis.exceptions.AuthenticationError as exc:
+                if not started:
+                    logger.error(
+                        "Stream bridge %s cannot start: Redis %s refused the login (%s); "
+                        "check MAILROOM_REDIS__USERNAME and MAILROOM_REDIS__PASSWORD",
+                        self.consumer,
+                        _describe(self.client),
+                        exc,
+                    )
+                    return EXIT_LOGIN_REFUSED
+                self.outages += 1
+                await self._wait_after_failure(f"Redis refused the login: {exc}")
             except CONNECTION_ERRORS as exc:
                 self.outages += 1
                 await self._wait_after_failure(f"Redis unavailable: {type(exc).__name__}: {exc}")
@@ -105,6 +126,7 @@ class StreamBridge:
             self.forwarded,
             self.malformed,
         )
+        return 0
 
     async def ensure_group(self) -> None:
         try:
@@ -328,16 +350,16 @@ def create_client(
 
 
 async def serve(settings: Settings, send: Callable[[list[int]], object]) -> int:
-    """Run the bridge until SIGTERM or SIGINT: stop reading, finish the batch, exit 0."""
+    """Run the bridge until SIGTERM or SIGINT: stop reading, finish the batch, exit 0 (2 when
+    Redis refused the login at the start)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     handle_stop_signals(lambda *_: loop.call_soon_threadsafe(stop.set))
     client = create_client(settings.stream_redis_url, settings.delivery, settings.redis)
     try:
-        await StreamBridge(client, settings=settings.delivery, send=send, stop=stop).run()
+        return await StreamBridge(client, settings=settings.delivery, send=send, stop=stop).run()
     finally:
         await client.aclose()
-    return 0
 
 
 def run(settings: Settings) -> int:

@@ -162,9 +162,16 @@ def register_work_state(settings: Settings, service: SchedulerService) -> WorkSt
 
 
 def run(settings: Settings) -> int:
-    """Run until SIGTERM or SIGINT; exit 0."""
+    """Run until SIGTERM or SIGINT; exit 0 (2 when Postgres or Redis refuse the login)."""
     from mailroom import queues as actor_names
+    from mailroom.process.logins import EXIT_LOGIN_REFUSED, login_refusals
     from mailroom.process.observability import start_metrics_server
+
+    refusals = login_refusals(settings)
+    for refusal in refusals:
+        logger.error("Scheduler cannot start: %s", refusal)
+    if refusals:
+        return EXIT_LOGIN_REFUSED
 
     # The jobs send by name: this process loads no actor module (actor_names.py).
     actor_names.only_send()

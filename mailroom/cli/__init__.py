@@ -124,6 +124,13 @@ def worker(
         args += ["--queues", *queues]
     args += list(ctx.args)
     settings = Settings()
+    from mailroom.process.logins import EXIT_LOGIN_REFUSED, login_refusals
+
+    refusals = login_refusals(settings)
+    for refusal in refusals:
+        typer.echo(f"mailroom worker: cannot start: {refusal}", err=True)
+    if refusals:
+        raise typer.Exit(EXIT_LOGIN_REFUSED)
     broker = settings.broker
     if broker.prometheus:
         # Dramatiq's exporter runs in a process forked from its main process, which never

@@ -193,7 +193,9 @@ def _postgres(exc: BaseException) -> Failure | None:
         )
     if isinstance(exc, psycopg.errors.QueryCanceled):
         return _unavailable("a Postgres statement timed out", detail, variable, "Try again.")
-    if re.search(r"authentication failed|no password supplied|role .* does not exist", detail):
+    from mailroom.process.logins import POSTGRES_LOGIN_REFUSED
+
+    if POSTGRES_LOGIN_REFUSED.search(detail):
         return _unavailable(
             "Postgres refused the login", detail, variable, "Check the user and password."
         )
