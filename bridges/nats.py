@@ -4,9 +4,11 @@ Messages travel in batches: what one fetch returns, topped up for a short
 linger, bounded by count and bytes, becomes one actor message (the inbox then
 applies it in one transaction). With JetStream a durable pull consumer feeds
 the bridge (any number of bridges share it) and a message is acked only after
-its batch's actor message was enqueued, so a bridge killed in between leaves it
-to be redelivered. Without JetStream a core queue group shares the subject
-between bridges (at most once). SIGTERM or SIGINT: stop fetching, finish the
+its batch's actor message was enqueued (on a Redis with replicas: and confirmed
+by a replica, ``actors/broker/replicated.py``), so a bridge killed in between, or
+a Redis master lost before its replica had the batch, leaves it to be
+redelivered. Without JetStream a core queue group shares the subject between
+bridges (at most once). SIGTERM or SIGINT: stop fetching, finish the
 batch in hand, drain, exit 0.
 
 An outage of NATS or of the broker is logged once when it starts, at most once
@@ -82,6 +84,8 @@ class NatsBridge:
         servers = ", ".join(scrub_text(url, ()) for url in settings.nats.server_urls)
         self.nats_outage = OutageLog(f"NATS {servers}", logger=logger)
         broker = scrub_text(settings.broker_redis_url, ())
+        if settings.redis.sentinels:
+            broker = f"redis sentinel master {settings.redis.sentinel_master}"
         self.broker_outage = OutageLog(
             f"Broker {broker}", logger=logger, doing="the answers wait in NATS"
         )
@@ -244,11 +248,14 @@ def run(settings: Settings) -> int:
 
     # Batches go to the inbox actor by name: this process loads no actor module.
     actor_names.only_send()
-    from actors.broker.transport import send, set_sending_broker
+    from actors.broker.transport import send_confirmed, set_sending_broker
 
     broker = set_sending_broker(settings)
     start_metrics_server(settings)
     try:
-        return asyncio.run(_main(settings, partial(send, actor_names.APPLY_RECOGNITION_MESSAGES)))
+        # Confirmed by a Redis replica where there is one: once acked, JetStream forgets the
+        # batch, and a failover must not lose it (actors/broker/replicated.py).
+        send = partial(send_confirmed, actor_names.APPLY_RECOGNITION_MESSAGES)
+        return asyncio.run(_main(settings, send))
     finally:
         broker.close()

@@ -18,6 +18,7 @@ may wait for it. Permanent: it cannot, until someone changes something.
     │   │   └── OAuthTokenUnavailable            (OAuth 2.0 token endpoint)
     │   ├── MailboxCommandFailed
     │   ├── NatsPublishFailed
+    │   ├── ReplicaNotConfirmed                  (no Redis replica confirmed an enqueue)
     │   ├── LeaseLost
     │   ├── MigrationLockTimeout
     │   ├── DeliveryDeferred
@@ -168,6 +169,10 @@ class MailboxCommandFailed(RetryableError):
 
 class NatsPublishFailed(RetryableError):
     """A publish was not confirmed (flush or JetStream ack failed or timed out)."""
+
+
+class ReplicaNotConfirmed(RetryableError):
+    """No Redis replica confirmed an enqueue in time; its sender must not ack upstream."""
 
 
 class LeaseLost(RetryableError):

@@ -47,6 +47,7 @@ def broker_for(settings: Settings, middleware: Sequence[dramatiq.Middleware]) ->
         namespace=settings.broker.namespace,
         heartbeat_timeout=settings.broker.heartbeat_timeout_ms,
         send_retry_s=settings.broker.send_retry_s,
+        replica_wait_ms=settings.broker.replica_wait_ms,
         middleware=list(middleware),
     )
 
@@ -64,3 +65,17 @@ def send(actor: ActorName, *args: Any) -> dramatiq.Message[Any]:
         queue_name=actor.queue, actor_name=actor.name, args=args, kwargs={}, options={}
     )
     return dramatiq.get_broker().enqueue(message)
+
+
+def send_confirmed(actor: ActorName, *args: Any) -> dramatiq.Message[Any]:
+    """``send``, returning only once a Redis replica has the message when the broker's Redis
+    has replicas (``replicated.py``); for a sender that acks upstream after it."""
+    message: dramatiq.Message[Any] = dramatiq.Message(
+        queue_name=actor.queue, actor_name=actor.name, args=args, kwargs={}, options={}
+    )
+    broker = dramatiq.get_broker()
+    confirm = getattr(broker, "enqueue_confirmed", None)
+    if confirm is None:  # the stub broker of tests, RabbitMQ: no Redis replicas to wait for
+        return broker.enqueue(message)
+    confirmed: dramatiq.Message[Any] = confirm(message)
+    return confirmed

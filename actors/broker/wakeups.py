@@ -38,6 +38,7 @@ from redis.exceptions import RedisError
 
 from actors.broker.clock import RedisClockBroker
 from actors.broker.failover import call_within
+from actors.broker.replicated import ReplicaCount, enqueue_confirmed
 
 logger = logging.getLogger(__name__)
 
@@ -253,11 +254,20 @@ class WakingConsumer(_RedisConsumer):
 class WakingRedisBroker(RedisClockBroker):
     """``RedisClockBroker`` whose enqueues wake the consumers of their queue."""
 
-    def __init__(self, *, send_retry_s: float = 0.0, **options: Any) -> None:
+    def __init__(
+        self, *, send_retry_s: float = 0.0, replica_wait_ms: int = 1_000, **options: Any
+    ) -> None:
         super().__init__(**options)
         self.wakeups = WakeUps(self.client, f"{self.namespace}:wakeups")
         #: How long an enqueue is tried again through a failover, in seconds (``failover``).
         self.send_retry_s = send_retry_s
+        #: Longest wait for a replica's confirmation, in milliseconds (``replicated``).
+        self.replica_wait_ms = replica_wait_ms
+        self.replicas = ReplicaCount(self.client)
+
+    def enqueue_confirmed(self, message: Any) -> Any:
+        """``enqueue``, returning once a replica has the message when Redis has replicas."""
+        return enqueue_confirmed(self, message, wait_ms=self.replica_wait_ms)
 
     def do_enqueue(self, queue_name: str, message_id: str, data: bytes) -> Any:
         """Dramatiq's enqueue script, tried again through a Redis failover."""

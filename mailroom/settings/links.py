@@ -128,6 +128,9 @@ class BrokerSettings(StrictModel):
     #: How long a send is tried again while Redis is unreachable (a Sentinel failover takes
     #: 2 to 5 s with ``down-after-milliseconds 1000``), in seconds; then the sender sees the error.
     send_retry_s: float = 10.0
+    #: Longest wait for a Redis replica to confirm what the NATS bridge enqueued before it
+    #: acks JetStream (``WAIT``; only when Redis has replicas), in milliseconds.
+    replica_wait_ms: int = 1_000
     #: Used when ``kind`` is ``rabbitmq``; carries its user and password.
     rabbitmq_url: str = "amqp://127.0.0.1:5672/"
     namespace: str = "dramatiq"

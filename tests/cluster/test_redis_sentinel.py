@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
+from functools import partial
 
 import dramatiq
+import nats as nats_py
 import pytest
 
-from actors.broker.transport import broker_for
+from actors.broker.transport import broker_for, send_confirmed, set_sending_broker
+from bridges.nats import NatsBridge
+from mailroom.adapters.nats import NatsClient
 from mailroom.adapters.redis_client import async_client, link_role, sync_client
 from mailroom.devtools.clusters import REDIS_MASTER_NAME
 from mailroom.devtools.seed import invoice_mails
+from mailroom.queues import APPLY_RECOGNITION_MESSAGES
 from mailroom.settings import RedisSettings, Settings
 from tests.fixtures.recognition import make_settings
 
@@ -167,3 +173,126 @@ def test_the_redis_primary_killed_during_delivery_loses_and_repeats_nothing(
         "webhook POSTs per key above 1": {},
         "master": True,
     }
+
+
+async def test_the_nats_bridge_acks_only_what_a_redis_replica_confirmed(
+    redis_sentinels, nats_url, subject_prefix, tmp_path
+):
+    # Given the NATS bridge sending through a broker on Sentinel, whose replica stalls
+    settings: Settings = make_settings(
+        database_url="postgresql://unused",
+        nats_url=nats_url,
+        subject_prefix=subject_prefix,
+        tmp_path=tmp_path,
+    )
+    settings.redis = _settings(redis_sentinels)
+    settings.broker.kind = "redis"
+    settings.broker.namespace = "bridge-test"
+    settings.broker.replica_wait_ms = 300
+    settings.nats.bridge_ack_wait_s = 2.0
+    previous = dramatiq.get_broker()
+    broker = set_sending_broker(settings)
+    bridge = NatsBridge(
+        NatsClient(settings.nats),
+        partial(send_confirmed, APPLY_RECOGNITION_MESSAGES),
+        settings=settings,
+    )
+    task = asyncio.create_task(bridge.run())
+    nc = await nats_py.connect(servers=[nats_url])
+    try:
+        await asyncio.wait_for(bridge.ready.wait(), 30)
+        replica = next(s for s in redis_sentinels.servers if s is not redis_sentinels.master())
+        stall = threading.Thread(target=_debug_sleep, args=(replica.port, 1.5))
+        stall.start()
+        await asyncio.sleep(0.1)
+        # When a result arrives while no replica can confirm its enqueue
+        js = nc.jetstream()
+        await js.publish(settings.nats.subject(settings.nats.results_subject), b"{}")
+        await asyncio.sleep(1.0)
+        # Then the bridge has not acked it (JetStream still holds it)...
+        assert bridge.forwarded == 0
+        info = await js.consumer_info(settings.nats.stream_name, settings.nats.inbox_durable)
+        assert info.num_ack_pending == 1
+        stall.join()
+        # ...and forwards it once redelivered with the replica back
+        deadline = time.monotonic() + 30
+        while bridge.forwarded < 1:
+            assert time.monotonic() < deadline, "not forwarded after the replica came back"
+            await asyncio.sleep(0.1)
+    finally:
+        bridge.stop()
+        await asyncio.wait_for(task, 30)
+        await nc.close()
+        broker.close()
+        dramatiq.set_broker(previous)
+
+
+def _debug_sleep(port: int, seconds: float) -> None:
+    """Block a Redis server for ``seconds`` (it neither replicates nor answers)."""
+    import redis
+
+    with redis.Redis(port=port, socket_timeout=seconds + 5) as client:
+        client.execute_command("DEBUG", "SLEEP", seconds)
+
+
+async def test_the_redis_primary_killed_during_the_nats_bridges_enqueue_loses_no_batch(
+    redis_sentinels, nats_url, subject_prefix, tmp_path
+):
+    # Given the NATS bridge enqueueing through a broker on Sentinel
+    settings: Settings = make_settings(
+        database_url="postgresql://unused",
+        nats_url=nats_url,
+        subject_prefix=subject_prefix,
+        tmp_path=tmp_path,
+    )
+    settings.redis = _settings(redis_sentinels, retry_attempts=1)
+    settings.broker.kind = "redis"
+    settings.broker.namespace = "bridge-kill"
+    settings.nats.bridge_ack_wait_s = 2.0
+    previous = dramatiq.get_broker()
+    broker = set_sending_broker(settings)
+    bridge = NatsBridge(
+        NatsClient(settings.nats),
+        partial(send_confirmed, APPLY_RECOGNITION_MESSAGES),
+        settings=settings,
+    )
+    task = asyncio.create_task(bridge.run())
+    nc = await nats_py.connect(servers=[nats_url])
+    total = 300
+    try:
+        await asyncio.wait_for(bridge.ready.wait(), 30)
+        js = nc.jetstream()
+        subject = settings.nats.subject(settings.nats.results_subject)
+        old = redis_sentinels.master()
+        # When the primary is SIGKILLed while results flow through the bridge
+        for n in range(total):
+            if n == total // 3:
+                old.kill()
+            await js.publish(subject, b"{}", headers={"Nats-Msg-Id": f"r:{n}"})
+            await asyncio.sleep(0.005)
+        redis_sentinels.wait_for_failover(old)
+        # Then every result is in the inbox queue of the promoted master
+        client = sync_client(settings.redis.url, settings.redis)
+        deadline = time.monotonic() + RECOVERY_BOUND_S
+        try:
+            while True:
+                ids = [
+                    item["headers"]["Nats-Msg-Id"]
+                    for data in client.hvals(f"bridge-kill:{APPLY_RECOGNITION_MESSAGES.queue}.msgs")
+                    for item in json.loads(data)["args"][0]
+                ]
+                if len(set(ids)) == total or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.2)
+        finally:
+            client.close()
+        assert total - len(set(ids)) == 0, f"lost {total - len(set(ids))} of {total}"
+        # A batch sent again after an unconfirmed enqueue is in the queue twice; the inbox
+        # applies a message id once (tests/integration/test_recognition_inbox*.py).
+        print(f"{len(ids) - len(set(ids))} results enqueued twice")
+    finally:
+        bridge.stop()
+        await asyncio.wait_for(task, 30)
+        await nc.close()
+        broker.close()
+        dramatiq.set_broker(previous)
