@@ -123,6 +123,9 @@ def replay(
 
     async def work(clients: Clients) -> list[int]:
         sessions, client = clients
+        # Redis first: a replay stored with Redis down would be reported as failed, and its
+        # delivered marks could not be cleared. Down now, nothing is replayed.
+        await client.ping()
         return await replay_messages(
             sessions=sessions,
             redis=client,

@@ -1,4 +1,5 @@
-"""`mailroom notify` says what it stored: with Redis down, twice with one key, with a bad account."""
+"""Operator commands that write say what they did: `mailroom notify` with Redis down, twice with
+one key, with a bad account; `mailroom delivery replay` with Redis down replays nothing."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from mailroom.cli import app
+from mailroom.cli.errors import describe
 from mailroom.db.engine import libpq_dsn
 from mailroom.devtools.stack import free_port
 
@@ -71,3 +73,20 @@ def test_a_missing_or_unknown_account_is_refused_before_anything_is_stored(envir
     assert result.exit_code == 2
     assert said in result.output
     assert _messages(environment) == []
+
+
+def test_replay_with_redis_down_replays_nothing_and_says_redis_is_unreachable(
+    environment, monkeypatch
+):
+    with psycopg.connect(libpq_dsn(environment), autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO channel_message (channel, account, recipient, body, status) "
+            "VALUES ('log', 'default', 'ops', 'x', 'failed')"
+        )
+    monkeypatch.setenv("MAILROOM_REDIS__URL", f"redis://127.0.0.1:{free_port()}/0")
+    result = CliRunner().invoke(app, ["delivery", "replay", "--status", "failed"])
+    failure = describe(result.exception)  # what `mailroom` prints in place of the traceback
+    assert failure is not None and failure.exit_code == 1
+    assert failure.lines[0].startswith("mailroom: cannot reach Redis")
+    with psycopg.connect(libpq_dsn(environment), autocommit=True) as conn:
+        assert conn.execute("SELECT status FROM channel_message").fetchall() == [("failed",)]
