@@ -145,6 +145,8 @@ class DovecotServer:
         self.tls = self_signed_certificate(folder)
         self.config_file = folder / "dovecot.conf"
         self.process: subprocess.Popen[bytes] | None = None
+        #: Logins besides the demo user's, by name.
+        self.users: dict[str, str] = {}
 
     def log(self) -> str:
         """The end of the server's output and log, for failure messages."""
@@ -158,7 +160,10 @@ class DovecotServer:
         if os.geteuid() == 0:
             shutil.chown(self.folder / "mail", "mail", "mail")
         self.config_file.write_text(_config(self.folder, self.port, self.imaps_port, self.tls))
-        (self.folder / "passwd").write_text(f"{DEMO_USER}:{{PLAIN}}{DEMO_PASSWORD}\n")
+        users = {DEMO_USER: DEMO_PASSWORD, **self.users}
+        (self.folder / "passwd").write_text(
+            "".join(f"{name}:{{PLAIN}}{password}\n" for name, password in users.items())
+        )
         # What it says before its log is open (a config error) goes to dovecot.out.
         with (self.folder / "dovecot.out").open("wb") as out:
             self.process = spawn(
@@ -172,6 +177,11 @@ class DovecotServer:
         except BaseException:
             self.stop()
             raise
+        return self
+
+    def add_user(self, name: str, password: str) -> DovecotServer:
+        """One more login; call it before ``start`` (the passwd-file is written there)."""
+        self.users[name] = password
         return self
 
     def _wait_until_ready(self) -> None:
