@@ -15,7 +15,12 @@ from collections.abc import Awaitable, Callable
 
 from nats.aio.client import Client as NatsConnection
 
-from mailroom.adapters.nats.login import connect_error, connect_options, is_login_refused
+from mailroom.adapters.nats.login import (
+    connect_error,
+    connect_options,
+    is_login_refused,
+    server_urls,
+)
 from mailroom.errors import NatsUnavailable
 from mailroom.process.observability import scrub_text
 from mailroom.process.outage import OutageLog
@@ -35,7 +40,8 @@ async def connect(
 
     Bounded as a whole: after a failed TLS handshake nats-py never returns.
     """
-    servers = [scrub_text(url, ()) for url in settings.server_urls]
+    urls = server_urls(settings)  # a malformed URL fails here in one line
+    servers = [scrub_text(url, ()) for url in urls]
     outage = OutageLog(f"NATS {', '.join(servers)}", logger=logger)
     nc = NatsConnection()
     refused: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
@@ -52,7 +58,7 @@ async def connect(
     budget_s = MAX_RECONNECT_ATTEMPTS * (RECONNECT_WAIT_S + settings.connect_timeout_s)
     connecting = asyncio.ensure_future(
         nc.connect(
-            settings.server_urls,
+            urls,
             name=name,
             connect_timeout=settings.connect_timeout_s,
             reconnect_time_wait=RECONNECT_WAIT_S,

@@ -35,7 +35,6 @@ from mailroom.errors import (
     RetryableError,
 )
 from mailroom.recognition.contract.models import (
-    MSG_ID_HEADER,
     RESULT_SCHEMA_VERSION,
     ObjectRef,
     RecognitionRequest,
@@ -48,6 +47,7 @@ from mailroom.recognition.contract.models import (
     dump,
     result_msg_id,
 )
+from mailroom.recognizer.answers import AnswerPublisher
 from mailroom.recognizer.connect import connect
 from mailroom.recognizer.extraction import extract
 from mailroom.recognizer.faults import RecognizerFaults
@@ -106,6 +106,7 @@ class ReferenceRecognizer:
         self._tasks: set[asyncio.Task[None]] = set()
         self._slots = asyncio.Semaphore(MAX_CONCURRENCY)
         self._nc: NatsConnection | None = None
+        self._out: AnswerPublisher | None = None
         #: The flush the answers published since it was begun wait for (see ``_flush``).
         self._next_flush: asyncio.Future[None] | None = None
         self._subs: list[Subscription] = []
@@ -135,6 +136,12 @@ class ReferenceRecognizer:
                 self.connection_lost.set()
 
         self._nc = await connect(self.settings.nats, name=self.service.name, on_closed=on_closed)
+        self._out = AnswerPublisher(
+            self._nc,
+            self.results_subject,
+            timeout_s=self.settings.nats.publish_timeout_s,
+            jetstream=self.settings.nats.jetstream,
+        )
         queue = self.settings.nats.recognizer_queue_group
         for subject in self.request_subjects:
             self._subs.append(await self._nc.subscribe(subject, queue=queue, cb=self._on_request))
@@ -379,9 +386,9 @@ class ReferenceRecognizer:
         )
 
     async def _publish(self, response: RecognitionResponse, msg_id: str) -> None:
-        await self._connection().publish(
-            self.results_subject, dump(response), headers={MSG_ID_HEADER: msg_id}
-        )
+        self._connection()
+        assert self._out is not None
+        await self._out.publish(dump(response), msg_id)
 
     async def _flush(self) -> None:
         """Return once the server has every answer published before this call.
@@ -390,6 +397,8 @@ class ReferenceRecognizer:
         published while one is due share it: the first starts it, it is begun on the loop's
         next turn, and answers published after that wait for the next one.
         """
+        if self._out is not None and self._out.captured:
+            return  # each answer waited for the stream's acknowledgement
         if self._next_flush is None:
             self._next_flush = asyncio.ensure_future(self._flush_shared())
             # Read by whoever still waits; marked retrieved for when all of them were cancelled.

@@ -14,6 +14,7 @@ from actors.recognition import apply_recognition_messages
 from bridges.nats import NatsBridge
 from mailroom.adapters.nats import NatsClient
 from mailroom.errors import NatsConfigError
+from mailroom.recognizer.answers import AnswerPublisher
 from mailroom.settings import NatsSettings
 from tests.fixtures.recognition import make_settings
 
@@ -134,3 +135,43 @@ def _items(message):
     import json
 
     return json.loads(message)["args"][0]
+
+
+async def test_answers_published_around_a_killed_stream_leader_all_reach_the_stream(
+    nats_cluster,
+):
+    # Given Mailroom's R3 stream and the reference recognizer's way of answering
+    settings = _settings(nats_cluster.urls, stream_replicas=3)
+    client = NatsClient(settings, name="cluster-test")
+    await client.connect()
+    await client.close()
+    nc = await nats_py.connect(servers=nats_cluster.urls)
+    subject = settings.subject(settings.results_subject)
+    answers = AnswerPublisher(nc, subject, timeout_s=2.0)
+    js = nc.jetstream()
+    total = 600
+    try:
+        # When the stream's leader is SIGKILLed while answers go out
+        for n in range(total):
+            if n == total // 3:
+                leader = (await js.stream_info(settings.stream_name)).cluster.leader
+                nats_cluster.node(leader).kill()
+            await answers.publish(b"{}", f"job-{n}:1:result")
+        # Then the stream holds each answer once
+        info = await _stream_info(js, settings.stream_name)
+        assert info.state.messages == total
+        assert answers.captured
+    finally:
+        await nc.close()
+
+
+async def _stream_info(js, name: str):
+    """The stream's info, asked again while its new leader is not answering yet."""
+    deadline = time.monotonic() + RECOVERY_BOUND_S
+    while True:
+        try:
+            return await js.stream_info(name)
+        except (nats_py.errors.Error, TimeoutError):
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
