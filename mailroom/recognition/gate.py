@@ -178,10 +178,7 @@ def unread_reason(backlog: InboxBacklog | None, *, idle_after_s: float) -> str |
         return None
     if backlog.idle_s < idle_after_s:
         return None
-    return (
-        f"{UNREAD_REASON} ({backlog.waiting} answers wait in JetStream, none taken for "
-        f"{backlog.idle_s:.0f} s)"
-    )
+    return f"{UNREAD_REASON} ({backlog.waiting} answers wait in JetStream)"
 
 
 async def check_gate(

@@ -311,15 +311,18 @@ async def test_answers_waiting_unread_in_jetstream_hold_every_job_until_a_bridge
     # Delivered nothing for as long as the bridge's ack wait (0 here: at once).
     settings.nats.bridge_ack_wait_s = 0
 
-    watchdog_actor.send()
-    await drain(stub_broker, stub_worker)
+    dsn = SentrySettings(dsn=SecretStr("https://public@sentry.invalid/1"))
+    with capturing_sentry(settings.model_copy(update={"sentry": dsn})) as sentry:
+        watchdog_actor.send()
+        await drain(stub_broker, stub_worker)
+    assert sorted(e["message"] for e in sentry.events) == [
+        f"Recognition {UNREAD_REASON}: jobs of {pipeline} held" for pipeline in ("image", "tabular")
+    ]
 
     job = await recognition_factory.job(overdue.job_id)
     assert job["status"] == "processing", "no timeout while its answer may wait unread"
     gates = await recognition_factory.rows("SELECT reason FROM recognition_gate")
-    assert [g["reason"] for g in gates] == [
-        f"{UNREAD_REASON} (3 answers wait in JetStream, none taken for 0 s)"
-    ] * 2
+    assert [g["reason"] for g in gates] == [f"{UNREAD_REASON} (3 answers wait in JetStream)"] * 2
     assert REGISTRY.get_sample_value("mailroom_recognition_answers_unread") == 3
 
     # A bridge reads them: the gates open and the jobs get a fresh deadline.
