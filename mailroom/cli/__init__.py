@@ -124,6 +124,9 @@ def worker(
         args += ["--queues", *queues]
     args += list(ctx.args)
     settings = Settings()
+    # NOTE: before anything imports dramatiq: its worker reads this when first imported, and
+    # the forked worker processes inherit the module as it is.
+    os.environ.setdefault("dramatiq_worker_timeout", str(settings.broker.worker_poll_ms))
     from mailroom.process.logins import EXIT_LOGIN_REFUSED, login_refusals
 
     refusals = login_refusals(settings)

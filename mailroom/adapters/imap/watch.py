@@ -35,9 +35,6 @@ from mailroom.settings import MailboxSettings
 
 logger = logging.getLogger(__name__)
 
-#: Longest wait for LOGOUT's answer when the watch ends, in seconds.
-LOGOUT_WAIT_S = 1.0
-
 _LITERAL = re.compile(rb"\{(\d+)\+?\}\r\n$")
 _TAGGED = re.compile(rb"^(W\d+) (OK|NO|BAD)\b ?(.*)", re.DOTALL)
 _EXISTS = re.compile(rb"^\* (\d+) (EXISTS|RECENT)\r\n$", re.IGNORECASE)
@@ -289,18 +286,21 @@ class WatchConnection:
                 news.append(found)
 
     async def close(self) -> None:
-        """LOGOUT if the server answers at once, then close the socket; never raises."""
-        writer, self._writer = self._writer, None
+        """Say DONE (an IDLE may be running) and LOGOUT, close the socket; never raises.
+
+        The answers are not waited for: a stop must not wait on a server (a watcher stops
+        within 3 s with hundreds of connections open), and the server ends the session when
+        the socket closes anyway.
+        """
+        writer, self._writer, self._reader = self._writer, None, None
         if writer is None:
             return
+        self._tags += 1
         try:
-            self._writer = writer
-            await asyncio.wait_for(self.command("LOGOUT"), LOGOUT_WAIT_S)
-        except (MailboxUnavailable, MailboxCommandFailed, TimeoutError) as exc:
-            logger.debug("IMAP watch logout of %s: %s", self.settings.name, exc)
-        finally:
-            self._writer = self._reader = None
-            writer.close()
+            writer.write(b"DONE\r\nW%d LOGOUT\r\n" % self._tags)
+        except (OSError, RuntimeError) as exc:  # the transport is gone already
+            logger.debug("IMAP watch logout of %s: %r", self.settings.name, exc)
+        writer.close()
 
 
 def parse_news(response: bytes) -> FolderNews | None:
