@@ -13,15 +13,18 @@ from nats.js.api import StreamConfig
 from actors.recognition import apply_recognition_messages
 from bridges.nats import NatsBridge
 from mailroom.adapters.nats import NatsClient
-from mailroom.errors import NatsConfigError
+from mailroom.errors import NatsConfigError, NatsUnavailable
+from mailroom.recognition.outbox.relay import publish_recognition_requests
 from mailroom.recognizer.answers import AnswerPublisher
 from mailroom.settings import NatsSettings
-from tests.fixtures.recognition import make_settings
+from tests.fixtures.recognition import at, make_settings
 
 pytestmark = pytest.mark.cluster
 
 #: Longest the tests wait for a flow to finish after a node was killed, in seconds.
 RECOVERY_BOUND_S = 30.0
+#: The outbox's clock: fixed, so no pass republishes what an earlier one published.
+T0 = at("12:00:00")
 
 
 def _settings(urls, **changes) -> NatsSettings:
@@ -175,3 +178,49 @@ async def _stream_info(js, name: str):
             if time.monotonic() > deadline:
                 raise
             await asyncio.sleep(0.2)
+
+
+async def test_outbox_passes_around_a_killed_stream_leader_publish_each_request_once(
+    nats_cluster, recognition_settings, db_sessions, recognition_factory
+):
+    # Given queued jobs and an outbox on the cluster's R3 stream
+    settings = recognition_settings
+    settings.nats = _settings(nats_cluster.urls, stream_replicas=3, publish_timeout_s=2.0)
+    settings.recognition.publish_batch_size = 20
+    jobs = [(await recognition_factory.create_job()).job_id for _ in range(120)]
+    client = NatsClient(settings.nats, name="outbox-test")
+    await client.connect()
+    nc = await nats_py.connect(servers=nats_cluster.urls)
+    js = nc.jetstream()
+    published: list = []
+    try:
+        # When passes run while the stream's leader is SIGKILLed after the second one
+        passes = 0
+        deadline = time.monotonic() + RECOVERY_BOUND_S
+        while len(published) < len(jobs):
+            assert time.monotonic() < deadline, f"published {len(published)} of {len(jobs)}"
+            if passes == 2:
+                leader = (await js.stream_info(settings.nats.stream_name)).cluster.leader
+                nats_cluster.node(leader).kill()
+            passes += 1
+            try:
+                outcome = await publish_recognition_requests(
+                    db_sessions,
+                    client,
+                    nats=settings.nats,
+                    recognition=settings.recognition,
+                    now=T0,
+                )
+            except NatsUnavailable:  # reconnecting: the actor is retried, as here
+                await asyncio.sleep(0.2)
+                continue
+            published += outcome.published
+            if outcome.failed or outcome.skipped:
+                await asyncio.sleep(0.2)
+        # Then each job was published once, and the stream holds each request once
+        assert sorted(published) == sorted(jobs)
+        info = await _stream_info(js, settings.nats.stream_name)
+        assert info.state.messages == len(jobs)
+    finally:
+        await client.close()
+        await nc.close()
