@@ -21,6 +21,7 @@ worker stops.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from pydantic import SecretStr
+from redis.exceptions import RedisError
 
 from mailroom.adapters.imap import FetchedMail, ImapMailbox, Mailbox, MailboxFactory
 from mailroom.errors import MailboxUnavailable
@@ -274,6 +276,17 @@ class SlottedMailbox:
         self._held = False
 
     async def connect(self) -> None:
+        try:
+            self._held = await self._take_slot()
+        except RedisError as exc:  # no count without Redis: log in anyway, the server caps
+            logger.warning("IMAP connection slots unavailable (%r): logging in uncounted", exc)
+        try:
+            await self._inner.connect()
+        except BaseException:
+            await self._give_back()
+            raise
+
+    async def _take_slot(self) -> bool:
         deadline = time.monotonic() + SLOT_WAIT_S
         # One slot stays free for a watcher: NOTIFY watches a whole account on one connection.
         room = self._slots.limit - 1
@@ -284,12 +297,7 @@ class SlottedMailbox:
                     "(intake.max_connections_per_account)"
                 )
             await asyncio.sleep(SLOT_RETRY_S)
-        self._held = True
-        try:
-            await self._inner.connect()
-        except BaseException:
-            await self._give_back()
-            raise
+        return True
 
     async def _give_back(self) -> None:
         if self._held:
@@ -303,7 +311,9 @@ class SlottedMailbox:
         await self._inner.check_health()
 
     async def select(self, folder: str) -> int:
-        await self._slots.take(self._account, self._holder)  # renew: the connection lives on
+        if self._held:
+            with contextlib.suppress(RedisError):  # renew: the connection lives on
+                await self._slots.take(self._account, self._holder)
         return await self._inner.select(folder)
 
     async def uids_above(self, uid: int) -> list[int]:

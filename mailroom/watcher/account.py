@@ -20,6 +20,8 @@ import logging
 import uuid
 from collections.abc import Awaitable, Callable
 
+from redis.exceptions import RedisError
+
 from mailroom.adapters.imap.watch import FolderNews, WatchConnection
 from mailroom.backoff import backoff
 from mailroom.errors import AppError, PermanentError
@@ -77,7 +79,7 @@ class AccountWatch:
                     await self._notify(connection, holder)
                 else:
                     await self._idle_all(connection, holder)
-            except AppError as exc:
+            except (AppError, RedisError) as exc:
                 delay = self._backoff(failures, exc)
                 failures += 1
                 logger.warning(
@@ -92,7 +94,7 @@ class AccountWatch:
                 if connection is not None:
                     await self._close(connection, holder)
 
-    def _backoff(self, failures: int, exc: AppError) -> float:
+    def _backoff(self, failures: int, exc: Exception) -> float:
         cap = self.intake.watch_max_backoff_s
         if isinstance(exc, PermanentError):  # a refused login: the polls block the mailbox
             return cap
@@ -188,7 +190,7 @@ class AccountWatch:
                     await self._idle_folder(folder, connection)
                 finally:
                     renew.cancel()
-            except AppError as exc:
+            except (AppError, RedisError) as exc:
                 delay = self._backoff(failures, exc)
                 failures += 1
                 logger.warning("IMAP IDLE of %r failed: %s; again in %.0f s", folder, exc, delay)

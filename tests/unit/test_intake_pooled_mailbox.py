@@ -90,3 +90,29 @@ async def test_kept_logins_have_a_total_cap_and_the_least_recent_go_first() -> N
     assert [entry for entry in log if entry[1] == "CLOSE"] == [(0, "CLOSE")]
     assert sum(len(kept) for kept in pool._kept.values()) == 2
     await pool.aclose()
+
+
+class RedisDown:
+    """Account slots whose Redis does not answer."""
+
+    limit = 8
+
+    async def take(self, account: str, holder: str, *, limit: int | None = None) -> bool:
+        from redis.exceptions import ConnectionError as RedisConnectionError
+
+        raise RedisConnectionError("Connection refused")
+
+    async def give_back(self, account: str, holder: str) -> None:
+        raise AssertionError("nothing was taken")
+
+
+async def test_without_redis_a_poll_logs_in_uncounted() -> None:
+    log: list[tuple[int, str]] = []
+    pool = ConnectionPool(lambda s: RecordingMailbox(s, log), slots=RedisDown())  # type: ignore[arg-type,return-value]
+    mailbox = pool(settings())
+    await mailbox.connect()
+    assert await mailbox.select("INBOX") == 7
+    await mailbox.close()
+
+    assert log[:2] == [(0, "LOGIN"), (0, "SELECT INBOX")]
+    await pool.aclose()
