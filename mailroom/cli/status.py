@@ -86,6 +86,10 @@ async def collect_status(settings: Settings) -> dict[str, Any]:
             # Final items waiting for a person; superseded attempts are history, not work.
             report["stopped"] = await needs_operator(session)
             report["oldest_s"] = await oldest_per_stage(session)
+            # A standby answers reads too: after a failover, this says which one status reached.
+            report["database_in_recovery"] = (
+                await session.execute(select(func.pg_is_in_recovery()))
+            ).scalar()
     finally:
         await engine.dispose()
     report.update(await _redis_status(settings))
@@ -239,6 +243,8 @@ def _print_links(report: dict[str, Any], console: Console) -> None:
     console.print(_jetstream_line(report["jetstream"]))
     console.print(_object_store_line(report["object_store"]))
     console.print(f"scheduler leader: {escape(report['scheduler_leader'] or 'none')}")
+    role = "a standby in recovery" if report.get("database_in_recovery") else "the primary"
+    console.print(f"Postgres: connected to {role}")
 
 
 def _stream_line(report: dict[str, Any]) -> str:
@@ -273,6 +279,10 @@ def _jetstream_line(state: dict[str, Any]) -> str:
         return f"JetStream stream {name}: [red]{escape(state['error'])}[/]"
     stream = state["stream"]
     line = f"JetStream stream {name}: {stream['messages']} messages, {stream['bytes']} bytes"
+    line += f", {stream['replicas']} replica(s)"
+    if "leader" in stream:
+        lagging = ", ".join(stream["lagging"]) or "none"
+        line += f" (leader {escape(stream['leader'])}, lagging {escape(lagging)})"
     consumer = state.get("consumer")
     if consumer is None:
         return line + "; consumer not created yet (the NATS bridge creates it)"

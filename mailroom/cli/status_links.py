@@ -65,6 +65,8 @@ async def jetstream_state(settings: Settings) -> dict[str, Any]:
             "messages": info.state.messages,
             "bytes": info.state.bytes,
             "consumers": info.state.consumer_count,
+            "replicas": info.config.num_replicas or 1,
+            **_cluster_state(info),
         }
         try:
             consumer = await js.consumer_info(
@@ -85,6 +87,23 @@ async def jetstream_state(settings: Settings) -> dict[str, Any]:
     finally:
         await _close(nc, nats_settings.connect_timeout_s)
     return report
+
+
+#: A peer not current, offline, or silent this long is lagging, in seconds (the API: ns).
+LAGGING_AFTER_S = 10.0
+
+
+def _cluster_state(info: Any) -> dict[str, Any]:
+    """The stream's leader and its peers that are offline or not current (a clustered stream)."""
+    cluster = info.cluster
+    if cluster is None or not cluster.leader:
+        return {}
+    lagging = [
+        peer.name
+        for peer in cluster.replicas or []
+        if not peer.current or peer.offline or (peer.active or 0) > LAGGING_AFTER_S * 1e9
+    ]
+    return {"leader": cluster.leader, "lagging": lagging}
 
 
 async def _close(nc: NatsConnection, timeout_s: float) -> None:

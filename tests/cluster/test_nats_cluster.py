@@ -13,10 +13,11 @@ from nats.js.api import StreamConfig
 from actors.recognition import apply_recognition_messages
 from bridges.nats import NatsBridge
 from mailroom.adapters.nats import NatsClient
+from mailroom.cli.status_links import jetstream_state
 from mailroom.errors import NatsConfigError, NatsUnavailable
 from mailroom.recognition.outbox.relay import publish_recognition_requests
 from mailroom.recognizer.answers import AnswerPublisher
-from mailroom.settings import NatsSettings
+from mailroom.settings import NatsSettings, Settings
 from tests.fixtures.recognition import at, make_settings
 
 pytestmark = pytest.mark.cluster
@@ -73,6 +74,11 @@ async def test_an_operators_r3_stream_survives_a_mailroom_connect(nats_cluster):
             f"{prefix}files.img_uploaded",
             f"{prefix}files.tabular_parsed",
         }
+
+        # And mailroom status names the replicas, the leader and no lagging peer
+        stream = (await jetstream_state(Settings(nats=settings)))["stream"]
+        assert (stream["replicas"], stream["lagging"]) == (3, [])
+        assert stream["leader"] in {node.node for node in nats_cluster.nodes}
 
         # And a Mailroom that asks for one replica is refused in one line, the stream untouched
         lone = NatsClient(settings.model_copy(update={"stream_replicas": 1}))
