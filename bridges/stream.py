@@ -1,7 +1,8 @@
 """Stream bridge: the delivery Redis Stream's consumer group → ``deliver_channel_messages``.
 
 Each pass: claim entries idle longer than ``claim_idle_ms`` from dead bridges
-(XAUTOCLAIM, every ``claim_interval_ms``), then re-read this consumer's own
+(XAUTOCLAIM, every ``claim_interval_ms``, then delete consumers long idle with nothing
+pending: ``stream_consumers``), then re-read this consumer's own
 pending entries, then block for new ones. The ids of a read go out as one
 actor message (a batch). An entry is acknowledged (and deleted) only after its
 actor message was sent, so a bridge killed in between
@@ -25,6 +26,7 @@ from typing import Any
 import redis.asyncio as aioredis
 import redis.exceptions
 
+from bridges.stream_consumers import IdleConsumers
 from mailroom.adapters.redis import CONNECTION_ERRORS, READ_NEW_PACKED, unpack_entries
 from mailroom.adapters.redis_client import async_client
 from mailroom.backoff import backoff
@@ -76,6 +78,7 @@ class StreamBridge:
         #: Failed passes in a row, for the backoff; a read that succeeds starts it over.
         self._failures = 0
         self._read_new_packed = client.register_script(READ_NEW_PACKED)
+        self._idle_consumers = IdleConsumers(client, settings)
         self.outage = OutageLog(
             f"Stream bridge {self.consumer}: Redis {_describe(client)}",
             logger=logger,
@@ -217,7 +220,10 @@ class StreamBridge:
                     self._own_pending = True
                     return
             if start in (b"0-0", "0-0"):
-                return
+                break
+        forgotten = await self._idle_consumers.forget(keep=self.consumer)
+        if forgotten:
+            logger.info("Deleted %d idle stream consumer(s): %s", len(forgotten), forgotten)
 
     async def _read(self, start: str, *, block_ms: int | None) -> Sequence[Entry]:
         if start == ">":

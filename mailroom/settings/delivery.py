@@ -168,6 +168,9 @@ class DeliverySettings(StrictModel):
     notification_batch_size: int = 100
     #: How often the bridge looks for entries of dead bridges (XAUTOCLAIM), in milliseconds.
     claim_interval_ms: int = 5_000
+    #: A consumer of the group with nothing pending and idle this long is deleted (each
+    #: bridge process is a consumer named host-pid, so restarts leave old ones), in seconds.
+    consumer_forget_after_s: float = 3_600.0
     #: Longest wait between the bridge's reconnect attempts, in seconds.
     reconnect_max_backoff_s: float = 10.0
     webhook_accounts: dict[str, WebhookAccount] = Field(default_factory=dict)

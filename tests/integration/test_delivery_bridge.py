@@ -16,6 +16,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from bridges.stream import StreamBridge, create_client
+from bridges.stream_consumers import IdleConsumers
 from mailroom.adapters.redis import DeliveryRedis
 from mailroom.delivery.contracts import decode_entry
 from mailroom.delivery.deliver import Deliverer
@@ -314,3 +315,26 @@ async def test_stopping_mid_backlog_acknowledges_what_was_sent_and_loses_nothing
     assert pending == []  # everything read was sent and acknowledged
     left = await delivery_redis.xrange(settings.stream_key)
     assert sorted(sent | {decode_entry(fields) for _, fields in left}) == ids
+
+
+async def test_a_bridge_deletes_consumers_long_idle_with_nothing_pending(
+    delivery_redis, delivery_settings
+):
+    # Given the consumers two earlier bridges left: one with an entry pending, one with none
+    settings = delivery_settings.model_copy(update={"consumer_forget_after_s": 0.2})
+    key, group = settings.stream_key, settings.consumer_group
+    bridge = StreamBridge(delivery_redis, settings=settings, send=Recorder(), consumer="me")
+    await bridge.ensure_group()
+    await delivery_redis.xgroup_createconsumer(key, group, "gone-empty")
+    await delivery_redis.xgroup_createconsumer(key, group, "me")
+    await add(delivery_redis, settings, 1)
+    await delivery_redis.xreadgroup(group, "gone-holding", {key: ">"}, count=1)
+    await asyncio.sleep(0.3)
+
+    # When the bridge looks for them
+    forgotten = await IdleConsumers(delivery_redis, settings).forget(keep="me")
+
+    # Then only the idle one with nothing pending is gone; the one holding an entry stays
+    names = {c["name"] for c in await delivery_redis.xinfo_consumers(key, group)}
+    assert forgotten == ["gone-empty"]
+    assert {n.decode() if isinstance(n, bytes) else n for n in names} == {"gone-holding", "me"}
