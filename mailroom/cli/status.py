@@ -95,6 +95,12 @@ async def collect_status(settings: Settings) -> dict[str, Any]:
     report.update(await _redis_status(settings))
     report["jetstream"] = await jetstream_state(settings)
     report["object_store"] = await object_store_state(settings)
+    hosts = report.get("stream", {}).get("hosts", [])
+    if settings.storage.kind == "filesystem" and len(hosts) > 1:
+        report["object_store"]["warning"] = (
+            f"the filesystem store serves one host, and stream bridges run on {len(hosts)} "
+            f"({', '.join(hosts)}): use S3, or a folder every host mounts"
+        )
     report["scheduler_leader"] = await asyncio.to_thread(_leader, settings)
     return report
 
@@ -152,11 +158,21 @@ async def _redis_status(settings: Settings) -> dict[str, Any]:
             "consumers": state.consumers,
             "group": settings.delivery.consumer_group if state.group_exists else None,
         }
+        if state.group_exists:
+            report["stream"]["hosts"] = await _bridge_hosts(stream, settings)
     except aioredis.ConnectionError as exc:
         report["stream_error"] = str(exc)
     finally:
         await stream.aclose()
     return report
+
+
+async def _bridge_hosts(stream: aioredis.Redis, settings: Settings) -> list[str]:
+    """The hosts of the delivery group's consumers (each named ``host-pid``)."""
+    delivery = settings.delivery
+    consumers = await stream.xinfo_consumers(delivery.stream_key, delivery.consumer_group)
+    names = [c["name"].decode() if isinstance(c["name"], bytes) else c["name"] for c in consumers]
+    return sorted({name.rpartition("-")[0] or name for name in names})
 
 
 def _leader(settings: Settings) -> str | None:
@@ -296,5 +312,7 @@ def _object_store_line(state: dict[str, Any]) -> str:
     where = f"object store ({state['kind']}, {escape(state['where'])})"
     if state["reachable"]:
         note = f" ({escape(state['note'])})" if "note" in state else ""
+        if "warning" in state:
+            note += f" [yellow]warning: {escape(state['warning'])}[/]"
         return f"{where}: reachable{note}"
     return f"{where}: [red]unreachable:[/] {escape(state.get('error', ''))}"
