@@ -28,6 +28,10 @@ from mailroom.settings import NatsSettings
 
 logger = logging.getLogger(__name__)
 
+#: Prefix of the recognizer's reply subjects (JetStream's publish acks and lookups), so the
+#: server can let it read its own replies and no one else's (deploy/nats-server.conf).
+INBOX_PREFIX = "_INBOX_RECOGNIZER"
+
 #: Wait between reconnect attempts, in seconds, and attempts before giving up.
 RECONNECT_WAIT_S = 1.0
 MAX_RECONNECT_ATTEMPTS = 60
@@ -60,6 +64,7 @@ async def connect(
         nc.connect(
             urls,
             name=name,
+            inbox_prefix=INBOX_PREFIX,
             connect_timeout=settings.connect_timeout_s,
             reconnect_time_wait=RECONNECT_WAIT_S,
             max_reconnect_attempts=MAX_RECONNECT_ATTEMPTS,

@@ -170,3 +170,29 @@ async def _fetch_all_until(results, wanted: bytes) -> list[bytes]:
 
 async def _fetch_until(results, wanted: bytes) -> bytes:
     return (await _fetch_all_until(results, wanted))[-1]
+
+
+async def test_the_recognizers_answers_are_acknowledged_by_the_stream(mailroom, deployed_nats):
+    from mailroom.recognizer.answers import AnswerPublisher
+    from mailroom.recognizer.connect import INBOX_PREFIX
+
+    errors: asyncio.Queue[Exception] = asyncio.Queue()
+
+    async def on_error(exc: Exception) -> None:
+        errors.put_nowait(exc)
+
+    settings = _settings(deployed_nats, "recognizer")
+    nc = await nats.connect(
+        settings.url,
+        error_cb=on_error,
+        allow_reconnect=False,
+        inbox_prefix=INBOX_PREFIX,
+        **connect_options(settings),
+    )
+    try:
+        answers = AnswerPublisher(nc, settings.results_subject, timeout_s=2.0)
+        await answers.publish(b"{}", f"{uuid.uuid4()}:1:ack")
+        assert answers.captured
+        assert errors.empty()
+    finally:
+        await nc.close()
