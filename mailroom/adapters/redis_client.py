@@ -95,7 +95,7 @@ def async_client(
     """
     retry = redis.asyncio.retry.Retry(*_retry_args(settings, attempts))
     if settings.sentinels:
-        sentinel = redis.asyncio.sentinel.Sentinel(
+        sentinel = redis.asyncio.sentinel.Sentinel(  # type: ignore[no-untyped-call]
             settings.sentinel_addresses, sentinel_kwargs=_sentinel_options(settings)
         )
         return sentinel.master_for(  # type: ignore[no-any-return]
@@ -122,10 +122,10 @@ def sync_client(
     """
     retry = redis.retry.Retry(*_retry_args(settings, attempts))
     if settings.sentinels:
-        sentinel = redis.sentinel.Sentinel(
+        sentinel = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
             settings.sentinel_addresses, sentinel_kwargs=_sentinel_options(settings)
         )
-        return sentinel.master_for(  # type: ignore[no-any-return]
+        return sentinel.master_for(  # type: ignore[no-any-return,no-untyped-call]
             settings.sentinel_master,
             redis_class=_SyncSentinelRedis,
             retry=retry,

@@ -254,8 +254,9 @@ class RedisSentinelGroup:
                 continue
             client = redis.Redis(port=sentinel.port, socket_timeout=1.0)
             with contextlib.suppress(redis.RedisError), client:
-                _host, port = client.sentinel_get_master_addr_by_name(REDIS_MASTER_NAME)
-                return next(server for server in self.servers if server.port == int(port))
+                address: Any = client.sentinel_get_master_addr_by_name(REDIS_MASTER_NAME)
+                port = int(address[1])
+                return next(server for server in self.servers if server.port == port)
         raise ServerStartError("redis: no sentinel answers")
 
     def wait_for_replica(self) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from nats.aio.client import Client as NatsConnection
 
@@ -65,8 +66,8 @@ async def connect(
             urls,
             name=name,
             inbox_prefix=INBOX_PREFIX,
-            connect_timeout=settings.connect_timeout_s,
-            reconnect_time_wait=RECONNECT_WAIT_S,
+            connect_timeout=settings.connect_timeout_s,  # type: ignore[arg-type]
+            reconnect_time_wait=RECONNECT_WAIT_S,  # type: ignore[arg-type]
             max_reconnect_attempts=MAX_RECONNECT_ATTEMPTS,
             error_cb=on_error,
             closed_cb=on_closed,
@@ -74,9 +75,8 @@ async def connect(
             **connect_options(settings),
         )
     )
-    done, _ = await asyncio.wait(
-        {connecting, refused}, timeout=budget_s, return_when=asyncio.FIRST_COMPLETED
-    )
+    waiting: set[asyncio.Future[Any]] = {connecting, refused}
+    done, _ = await asyncio.wait(waiting, timeout=budget_s, return_when=asyncio.FIRST_COMPLETED)
     if connecting in done and connecting.exception() is None:
         outage.recovered()
         return nc

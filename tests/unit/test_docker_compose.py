@@ -8,6 +8,7 @@ port the process serves; every service restarts.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -352,3 +353,18 @@ def test_the_image_is_the_production_install_run_as_a_user():
         assert variable in env_names(), f"Dockerfile: {variable} is not a setting"
     for service in _mailroom_services().values():
         assert service["build"] == "." and service["image"] == "mailroom:local"
+
+
+def test_the_sentinel_override_gives_every_mailroom_process_the_sentinels():
+    override = yaml.safe_load((ROOT / "docker-compose.sentinel.yml").read_text())
+    known = env_names()
+    services = override["services"]
+    sentinels = {name for name in services if name.startswith("sentinel-")}
+    for name in _mailroom_services():
+        environment = services[name]["environment"]
+        assert set(environment) <= known, f"{name}: {set(environment) - known} not settings"
+        addresses = json.loads(environment["MAILROOM_REDIS__SENTINELS"])
+        assert {address.split(":")[0] for address in addresses} == sentinels
+        assert environment["MAILROOM_REDIS__SENTINEL_MASTER"] == "mailroom"
+    for name in sentinels:
+        assert "sentinel monitor mailroom redis 6379 2" in " ".join(services[name]["entrypoint"])
