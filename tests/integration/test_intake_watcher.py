@@ -4,6 +4,7 @@ several watchers share the accounts, and every process's connections stay under 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 
 import pytest
@@ -193,3 +194,34 @@ async def test_the_pass_polls_a_live_watched_folder_only_now_and_then(intake_env
     # A watcher that stops says so: the pass polls the folder again at once.
     assert (await intake_env.cursor()).watched_until is None
     assert await pass_marks() == {"box"}
+
+
+async def test_a_dead_watchers_accounts_are_taken_over_when_its_leases_run_out(
+    intake_env, watch_settings
+):
+    polls = Polls(intake_env)
+    first, first_task = await _start(watch_settings, intake_env, polls, "w1")
+    await _until("w1 watching", lambda: _async(bool(_watching(first))))
+    second, second_task = await _start(watch_settings, intake_env, polls, "w2")
+    try:
+        # w1 dies: its watches end, and nothing gives its lease back.
+        async def nothing() -> None:
+            return None
+
+        first.leases.release_all = nothing
+        first_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await first_task
+        assert intake_env.folder not in _watching(second), "the lease is w1's until it runs out"
+
+        await _until("w2 watching", lambda: _async(intake_env.folder in _watching(second)))
+        (uid,) = intake_env.append(csv_mail(1))
+
+        async def stored() -> bool:
+            return [m.uid for m in await intake_env.mails()] == [uid]
+
+        await _until("the new mail stored", stored)
+    finally:
+        await first.leases.client.aclose()
+        await _stop(second, second_task)
+        await polls.drain()
