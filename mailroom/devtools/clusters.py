@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 import subprocess
 import time
 import urllib.request
@@ -375,10 +376,30 @@ class PostgresPair:
         return [f"127.0.0.1:{self.primary.port}", f"127.0.0.1:{self.standby.port}"]
 
     def start(self) -> Self:
-        import psycopg
-
         self.primary.start()
         self.standby.start()
+        return self._synchronous()
+
+    def fail_over(self) -> None:
+        """SIGKILL the primary, promote the standby, and clone a new standby where it was.
+
+        Until the new standby streams, the promoted primary commits without waiting for one.
+        """
+        old = self.primary
+        old.kill()
+        old.stop()
+        self.standby.promote()
+        self.primary = self.standby
+        shutil.rmtree(old.data_dir, ignore_errors=True)
+        self.standby = StandbyPostgres(
+            old.data_dir, port=old.port, database=self.database, primary_port=self.primary.port
+        )
+        self.standby.start()
+        self._synchronous()
+
+    def _synchronous(self) -> Self:
+        import psycopg
+
         # Synchronous only once the standby streams: before, every commit would wait for it.
         with psycopg.connect(self.primary.dsn("postgres"), autocommit=True) as conn:
             conn.execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
