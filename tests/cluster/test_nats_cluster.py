@@ -113,7 +113,7 @@ async def test_a_bridge_rides_the_loss_of_its_only_seed_server(
             if n == total // 2:
                 seed.kill()
             await _publish(js, subject, n)
-        # Then every result reaches the inbox queue once
+        # Then every result reaches the inbox queue
         deadline = time.monotonic() + RECOVERY_BOUND_S
         while bridge.forwarded < total and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
@@ -123,7 +123,10 @@ async def test_a_bridge_rides_the_loss_of_its_only_seed_server(
             for item in _items(message)
         ]
         assert len(set(ids)) == total, f"lost {total - len(set(ids))}"
-        assert len(ids) == total, f"duplicated {len(ids) - len(set(ids))}"
+        # A batch whose ack died with the seed is redelivered and forwarded again: at least
+        # once by design, and the inbox applies a message id once (its own tests), so only
+        # the answers that were in flight at the kill may come twice.
+        assert len(ids) - total <= settings.nats.bridge_fetch_batch
     finally:
         bridge.stop()
         await asyncio.wait_for(task, 30)
