@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 
 import dramatiq
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -80,6 +81,7 @@ async def _send_polls(
     names: list[str],
     *,
     watched_poll_interval_s: float | None = None,
+    watched_most: int | None = None,
 ) -> None:
     """Send a poll to each of ``names`` that has none queued or running (``intake.pending``)."""
     folders = {m.name: m.folder for m in intake.mailboxes if m.enabled and m.name in names}
@@ -88,6 +90,7 @@ async def _send_polls(
         list(folders.items()),
         lost_after_s=intake.poll_lost_after_s,
         watched_poll_interval_s=watched_poll_interval_s,
+        watched_most=watched_most,
     )
     # In the order given (the configured one), so each pass serves the mailboxes alike.
     due = [name for name in names if name in marked]
@@ -102,10 +105,14 @@ async def poll_mailboxes() -> None:
     names = [mailbox.name for mailbox in intake.mailboxes if mailbox.enabled]
     # A mailbox whose last poll is still queued or running gets none: a backlog on the intake
     # queue then holds one poll per mailbox, not one per pass, and each gets its turn.
-    # A folder a watcher watches live is polled only now and then: its news come at once.
+    # A folder a watcher watches live is polled only now and then (its news come at once),
+    # spread over the passes: a pass takes its share of them, enough that each is polled
+    # about every interval.
+    passes = intake.watched_poll_interval_s / current().settings.scheduler.poll_interval_s
     await _send_polls(
         await current().sessions(),
         intake,
         names,
         watched_poll_interval_s=intake.watched_poll_interval_s,
+        watched_most=math.ceil(len(names) / max(passes, 1)),
     )

@@ -29,6 +29,7 @@ async def mark_polls_queued(
     clock: DbClock = db_now,
     leased_too: bool = False,
     watched_poll_interval_s: float | None = None,
+    watched_most: int | None = None,
 ) -> set[str]:
     """Mark the (mailbox, folder) pairs a poll may be sent to now; the mailboxes marked.
 
@@ -41,7 +42,10 @@ async def mark_polls_queued(
     have searched before the new mail came, and the sent poll's claim, finding the lease,
     tells it to poll again (``poll_again``).
     ``watched_poll_interval_s`` (the scheduler's pass): leave out a folder a watcher watches
-    live (``watched_until`` ahead) whose last poll is more recent than this.
+    live (``watched_until`` ahead) whose last poll is more recent than this, and mark at
+    most ``watched_most`` of those due, the longest unpolled first: the guard polls of a
+    thousand folders watched since the same moment would otherwise come due in one pass
+    and queue every announced mail's poll behind them.
     """
     if not mailboxes:
         return set()
@@ -55,26 +59,39 @@ async def mark_polls_queued(
             .on_conflict_do_nothing(index_elements=["mailbox", "folder"])
         )
         # Rows a claim (or another pass) has locked right now are left to it, not waited for.
-        due = (
-            select(MailboxCursor.id)
-            .where(
-                tuple_(MailboxCursor.mailbox, MailboxCursor.folder).in_(list(mailboxes)),
-                MailboxCursor.status != "blocked",
-                _not_after(MailboxCursor.poll_queued_at, now - timedelta(seconds=lost_after_s)),
-                true() if leased_too else _not_after(MailboxCursor.lease_until, now),
-                _not_after(MailboxCursor.next_retry_at, now),
-                _polled_unless_watched(now, watched_poll_interval_s),
+        due = select(MailboxCursor.id).where(
+            tuple_(MailboxCursor.mailbox, MailboxCursor.folder).in_(list(mailboxes)),
+            MailboxCursor.status != "blocked",
+            _not_after(MailboxCursor.poll_queued_at, now - timedelta(seconds=lost_after_s)),
+            true() if leased_too else _not_after(MailboxCursor.lease_until, now),
+            _not_after(MailboxCursor.next_retry_at, now),
+        )
+        if watched_poll_interval_s is None:
+            batches = [due.order_by(MailboxCursor.id)]
+        else:
+            live = MailboxCursor.watched_until > now
+            last_poll_before = now - timedelta(seconds=watched_poll_interval_s)
+            batches = [
+                due.where(~live | MailboxCursor.watched_until.is_(None)).order_by(MailboxCursor.id),
+                due.where(live, MailboxCursor.updated_at <= last_poll_before)
+                .order_by(MailboxCursor.updated_at)
+                .limit(watched_most),
+            ]
+        marked: set[str] = set()
+        for batch in batches:
+            marked |= set(
+                await session.scalars(
+                    update(MailboxCursor)
+                    .where(
+                        MailboxCursor.id.in_(
+                            batch.with_for_update(skip_locked=True).scalar_subquery()
+                        )
+                    )
+                    .values(poll_queued_at=now)
+                    .returning(MailboxCursor.mailbox)
+                )
             )
-            .order_by(MailboxCursor.id)
-            .with_for_update(skip_locked=True)
-        )
-        marked = await session.scalars(
-            update(MailboxCursor)
-            .where(MailboxCursor.id.in_(due.scalar_subquery()))
-            .values(poll_queued_at=now)
-            .returning(MailboxCursor.mailbox)
-        )
-        return set(marked)
+        return marked
 
 
 def _not_after(
@@ -82,16 +99,6 @@ def _not_after(
 ) -> ColumnElement[bool]:
     """``column`` is unset or at/before ``moment``."""
     return or_(column.is_(None), column <= moment)
-
-
-def _polled_unless_watched(now: datetime, interval_s: float | None) -> ColumnElement[bool]:
-    """Not watched live, or last polled ``interval_s`` ago or longer (None: always true)."""
-    if interval_s is None:
-        return true()
-    return or_(
-        _not_after(MailboxCursor.watched_until, now),
-        MailboxCursor.updated_at <= now - timedelta(seconds=interval_s),
-    )
 
 
 async def mark_watched(

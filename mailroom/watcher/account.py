@@ -9,8 +9,9 @@ account (``intake.account_slots``), so watchers and polls together stay under th
 server's limit. A connection that fails is opened again after a backoff; meanwhile the
 scheduler's passes read the folder, so nothing depends on the watcher.
 
-Every (re)connect announces each of its folders once: mail that came while nobody
-watched is read at once, not at the next pass.
+Every (re)connect announces each of its folders once, even one whose poll is marked
+queued (a watcher killed between its mark and its send leaves such a mark): mail that came
+while nobody watched is read at once, not at the next pass.
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ logger = logging.getLogger(__name__)
 #: First wait before a failed watch connection is opened again, in seconds.
 INITIAL_BACKOFF_S = 1.0
 
-#: Called with the folders of the account that got news.
-Announce = Callable[[list[str]], Awaitable[None]]
+#: Called with the folders of the account that got news; ``catch_up``: a (re)connect's.
+Announce = Callable[[list[str], bool], Awaitable[None]]
 
 
 class AccountWatch:
@@ -133,13 +134,13 @@ class AccountWatch:
         self.watching = set(self.folders)
         renew = asyncio.create_task(self._renew(holder))
         try:
-            await self.announce(list(self.folders))  # what came while nobody watched
+            await self.announce(list(self.folders), True)  # what came while nobody watched
             async for news in connection.listen(self.intake_idle_s):
                 if news.folder is None or news.folder not in known or news.uidnext is None:
                     continue
                 if news.uidnext > known[news.folder]:
                     known[news.folder] = news.uidnext
-                    await self.announce([news.folder])
+                    await self.announce([news.folder], False)
         finally:
             self.watching = set()
             renew.cancel()
@@ -203,10 +204,10 @@ class AccountWatch:
         await connection.examine(folder)
         self.watching.add(folder)
         try:
-            await self.announce([folder])  # what came while nobody watched
+            await self.announce([folder], True)  # what came while nobody watched
             while True:
                 if _is_new_mail(await connection.idle(self.intake_idle_s)):
-                    await self.announce([folder])
+                    await self.announce([folder], False)
         finally:
             self.watching.discard(folder)
 

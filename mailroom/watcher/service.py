@@ -99,7 +99,8 @@ class Watcher:
         self._accounts: dict[str, Account] = {}
         self._intake = intake
         self._mailboxes = effective.runtime_mailboxes()
-        self._news: asyncio.Queue[str] = asyncio.Queue()
+        #: (mailbox, catch_up): a (re)connect's announcements send even past a queued mark.
+        self._news: asyncio.Queue[tuple[str, bool]] = asyncio.Queue()
 
     @property
     def connections(self) -> int:
@@ -161,10 +162,10 @@ class Watcher:
         return pairs
 
     def _start_watch(self, key: str, account: Account) -> None:
-        async def announce(folders: list[str]) -> None:
+        async def announce(folders: list[str], catch_up: bool) -> None:
             for folder in folders:
                 for name in account.names.get(folder, []):
-                    self._news.put_nowait(name)
+                    self._news.put_nowait((name, catch_up))
 
         watch = AccountWatch(
             key,
@@ -199,19 +200,21 @@ class Watcher:
     async def _send_news(self) -> None:
         """Mark and send a poll for each mailbox with news, those gathered meanwhile together."""
         while True:
-            names = {await self._news.get()}
+            news = {await self._news.get()}
             while not self._news.empty():
-                names.add(self._news.get_nowait())
+                news.add(self._news.get_nowait())
             folders = self._folders_of()
-            pairs = [(name, folders[name]) for name in sorted(names) if name in folders]
             try:
-                marked = await mark_polls_queued(
-                    self.sessions,
-                    pairs,
-                    lost_after_s=self._intake.poll_lost_after_s,
-                    leased_too=True,
-                )
-                due = [name for name, _ in pairs if name in marked]
+                due: list[str] = []
+                for catch_up in (False, True):
+                    names = sorted({name for name, c in news if c is catch_up and name in folders})
+                    pairs = [(name, folders[name]) for name in names]
+                    # A catch-up takes a queued mark for lost: its poll may never have been sent.
+                    lost_after_s = 0.0 if catch_up else self._intake.poll_lost_after_s
+                    marked = await mark_polls_queued(
+                        self.sessions, pairs, lost_after_s=lost_after_s, leased_too=True
+                    )
+                    due += [name for name in names if name in marked and name not in due]
                 await asyncio.to_thread(self._send_all, due)
             except ROUND_ERRORS as exc:  # the scheduler's next pass reads these mailboxes
                 logger.warning("IMAP watcher: polls not sent: %s: %s", type(exc).__name__, exc)

@@ -225,3 +225,33 @@ async def test_a_dead_watchers_accounts_are_taken_over_when_its_leases_run_out(
         await first.leases.client.aclose()
         await _stop(second, second_task)
         await polls.drain()
+
+
+async def test_the_guard_polls_of_watched_folders_are_spread_over_the_passes(intake_env):
+    from sqlalchemy import text
+
+    from mailroom.intake.pending import mark_polls_queued
+
+    pairs = [(f"box{n}", f"f{n}") for n in range(10)]
+    await mark_polls_queued(intake_env.sessions, pairs, lost_after_s=900)  # creates the cursors
+    async with intake_env.sessions() as session, session.begin():
+        # All watched live, all last polled an hour ago: all due for their guard poll.
+        await session.execute(
+            text(
+                "UPDATE mailbox_cursor SET poll_queued_at = NULL, "
+                "watched_until = now() + interval '30 seconds', "
+                "updated_at = now() - interval '1 hour'"
+            )
+        )
+
+    async def a_pass() -> set[str]:
+        return await mark_polls_queued(
+            intake_env.sessions,
+            pairs,
+            lost_after_s=900,
+            watched_poll_interval_s=600,
+            watched_most=4,
+        )
+
+    first, second = await a_pass(), await a_pass()
+    assert (len(first), len(second)) == (4, 4) and not first & second
