@@ -14,7 +14,7 @@ import typer
 
 from mailroom.cli import errors
 from mailroom.cli.lazy import LazyGroup
-from mailroom.process import outage
+from mailroom.process import dev_defaults, outage
 from mailroom.settings import Settings
 
 
@@ -62,6 +62,7 @@ def _options(
 ) -> None:
     errors.show_tracebacks = debug
     outage.show_tracebacks = debug
+    dev_defaults.quiet = True
 
 
 def load_settings(process: str) -> Settings:

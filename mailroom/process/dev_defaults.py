@@ -16,6 +16,10 @@ from mailroom.settings.base import DEV_PORTS, DEV_STATE_POSTGRES_DIR
 
 logger = logging.getLogger(__name__)
 
+#: Set by the ``mailroom`` command: its commands answer a dead or wrong link in one line of
+#: their own, so the import-time warning is for REPLs and scripts only.
+quiet = False
+
 #: Host names that mean this machine.
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 
@@ -55,6 +59,6 @@ def missing_dev_stack(settings: Settings) -> str | None:
 
 def warn_without_dev_stack(settings: Settings) -> None:
     """Log ``missing_dev_stack``'s line as a warning, if there is one."""
-    line = missing_dev_stack(settings)
+    line = None if quiet else missing_dev_stack(settings)
     if line is not None:
         logger.warning(line)

@@ -58,7 +58,7 @@ def test_rows_are_validated_by_the_settings_models():
     delivery = DeliverySettings()
     with pytest.raises(RuntimeConfigInvalid, match=r"account 'ops'.*channel:account"):
         kinds.validate("account", "ops", {"url": "https://x.example.com"}, delivery=delivery)
-    with pytest.raises(RuntimeConfigInvalid, match=r"webhook:ops.*allow"):
+    with pytest.raises(RuntimeConfigInvalid, match=r"webhook:ops.*(allow|ALLOW)"):
         kinds.validate("account", "webhook:ops", {"url": "http://10.0.0.1/"}, delivery=delivery)
     with pytest.raises(RuntimeConfigInvalid, match=r"route 'r'.*unknown placeholder"):
         kinds.validate("route", "r", {"template": "{nope}"}, delivery=delivery)

@@ -78,9 +78,9 @@ def test_mailroom_worker_runs_dramatiq_in_its_own_process_without_the_operator_c
         "    assert exc.code == 0, exc.code"
     )
     assert "typer" in loaded
-    assert loaded & _OPERATOR_LIBRARIES == {
-        "dramatiq"
-    }  # mailroom.process.dramatiq_main's own import
+    # dramatiq: mailroom.process.dramatiq_main's own import; psycopg and redis: the check of
+    # the Postgres and broker logins before the workers start (mailroom.process.logins).
+    assert loaded & _OPERATOR_LIBRARIES == {"dramatiq", "psycopg", "redis"}
 
 
 def test_an_operator_command_is_still_found_and_run():
