@@ -128,14 +128,26 @@ class NatsCluster:
         self.stop()
 
     def wait_for_meta_leader(self) -> str:
-        """The JetStream meta leader's server name, once the running servers elected one."""
+        """The JetStream meta leader's server name, once the running servers elected one and
+        the leader counts every other running server as a current peer.
+
+        A leader alone is not enough: until it knows its peers, an R3 stream is refused with
+        "no suitable peers for placement".
+        """
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
-            for node in self.nodes:
-                if node.process is None:
+            running = [node for node in self.nodes if node.process is not None]
+            for node in running:
+                meta = node.jsz().get("meta_cluster", {})
+                leader = meta.get("leader")
+                if not leader or leader != node.node:
                     continue
-                leader = node.jsz().get("meta_cluster", {}).get("leader")
-                if leader:
+                peers = {
+                    str(peer.get("name"))
+                    for peer in meta.get("replicas") or []
+                    if peer.get("current") and not peer.get("offline")
+                }
+                if {other.node for other in running if other is not node} <= peers:
                     return str(leader)
             time.sleep(0.1)
         raise ServerStartError(f"NATS cluster: no JetStream meta leader in {START_TIMEOUT_S} s")
