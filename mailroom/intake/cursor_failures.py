@@ -82,24 +82,16 @@ async def record_mail_failure(
         now = await clock(session)
         count = await _count_failure(session, claim, f"UID {uid}", 0)
         blocked = exhausted or count >= max_retries
-        retry_at = (
-            None
-            if blocked
-            else now + timedelta(seconds=backoff_s(count, max_backoff_s=max_backoff_s))
-        )
-        await session.execute(
-            update(MailboxCursor)
-            .where(MailboxCursor.id == claim.cursor_id)
-            .values(
-                status="blocked" if blocked else "failed",
-                next_retry_at=retry_at,
-                last_error=text,
-                blocked_uid=uid if blocked else None,
-                blocked_message_id=message_id if blocked else None,
-                lease_id=None,
-                lease_until=None,
-                updated_at=now,
-            )
+        retry_at = await _back_off(
+            session,
+            claim,
+            now=now,
+            count=count,
+            blocked=blocked,
+            text=text,
+            max_backoff_s=max_backoff_s,
+            blocked_uid=uid if blocked else None,
+            blocked_message_id=message_id if blocked else None,
         )
         stmt = insert(InboundMail).values(
             cursor_id=claim.cursor_id,
@@ -166,23 +158,15 @@ async def record_batch_failure(
         attempts = MailboxCursor.attempt_count if counted is None else attempts_without(counted)
         count = await _count_failure(session, claim, "a failure", attempts)
         blocked = block_after is not None and count >= block_after
-        retry_at = (
-            None
-            if blocked
-            else now + timedelta(seconds=backoff_s(count, max_backoff_s=max_backoff_s))
-        )
-        await session.execute(
-            update(MailboxCursor)
-            .where(MailboxCursor.id == claim.cursor_id)
-            .values(
-                status="blocked" if blocked else "failed",
-                next_retry_at=retry_at,
-                last_error=text,
-                blocked_reason=reason if blocked else None,
-                lease_id=None,
-                lease_until=None,
-                updated_at=now,
-            )
+        retry_at = await _back_off(
+            session,
+            claim,
+            now=now,
+            count=count,
+            blocked=blocked,
+            text=text,
+            max_backoff_s=max_backoff_s,
+            blocked_reason=reason if blocked else None,
         )
         if blocked:
             await audit.record_audit(
@@ -192,3 +176,38 @@ async def record_batch_failure(
                 detail={"uid": None, "reason": reason, "retry_count": count, "error": text},
             )
     return Failure("blocked" if blocked else "failed", count, retry_at)
+
+
+async def _back_off(
+    session: AsyncSession,
+    claim: Claim,
+    *,
+    now: datetime,
+    count: int,
+    blocked: bool,
+    text: str,
+    max_backoff_s: float,
+    **blocked_at: object,
+) -> datetime | None:
+    """Set the cursor ``failed`` until its next retry (or ``blocked``) and release its lease.
+
+    ``blocked_at``: what the block names (the UID and Message-ID, or the reason). Returns
+    the next retry's time, None when blocked.
+    """
+    retry_at = (
+        None if blocked else now + timedelta(seconds=backoff_s(count, max_backoff_s=max_backoff_s))
+    )
+    await session.execute(
+        update(MailboxCursor)
+        .where(MailboxCursor.id == claim.cursor_id)
+        .values(
+            status="blocked" if blocked else "failed",
+            next_retry_at=retry_at,
+            last_error=text,
+            lease_id=None,
+            lease_until=None,
+            updated_at=now,
+            **blocked_at,
+        )
+    )
+    return retry_at

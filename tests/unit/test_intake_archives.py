@@ -153,6 +153,18 @@ def test_encrypted_members_are_skipped_with_the_reason():
     assert (plain.skip_reason, plain.data) == (None, CSV)
 
 
+def test_a_member_packed_with_a_method_zipfile_lacks_is_skipped_with_the_reason():
+    data = bytearray(_zip({"odd.csv": CSV, "open.csv": CSV}))
+    # Mark the first member as PPMd-compressed (method 98), in its local and central headers.
+    for signature, offset in ((b"PK\x03\x04", 8), (b"PK\x01\x02", 10)):
+        at = data.find(signature)
+        data[at + offset : at + offset + 2] = (98).to_bytes(2, "little")
+    _, odd, plain = parse_mail(_mail("mixed.zip", bytes(data)), LIMITS).attachments
+    assert odd.name == "odd.csv" and odd.data == b""
+    assert odd.skip_reason.startswith("not readable: "), odd.skip_reason
+    assert (plain.skip_reason, plain.data) == (None, CSV)
+
+
 def test_a_corrupt_archive_waits_for_an_operator():
     (archive,) = parse_mail(_mail("broken.zip", b"PK\x03\x04 not really"), LIMITS).attachments
     assert archive.check_reason.startswith("archive (zip) could not be opened: not a readable zip")
