@@ -97,7 +97,8 @@ def verify(
 
     Raises:
         WebhookVerificationError: a header is missing, the timestamp is stale or not a
-            number, or no signature matches.
+            number, a secret is too short or not base64 after ``whsec_``, or no signature
+            matches. No other error: a handler catches this one alone.
     """
     found = {name.lower(): value for name, value in headers.items()}
     missing = [h for h in (ID_HEADER, TIMESTAMP_HEADER, SIGNATURE_HEADER) if not found.get(h)]
@@ -120,7 +121,12 @@ def verify(
         if entry.startswith("v1,")
     ]
     active = [secrets] if isinstance(secrets, str) else list(secrets)
-    expected = [sign(secret, msg_id, timestamp, body)[3:].encode() for secret in active]
+    try:
+        expected = [sign(secret, msg_id, timestamp, body)[3:].encode() for secret in active]
+    except ValueError as exc:
+        # A receiver's handler catches this module's error only: a weak or malformed secret
+        # of its own must not escape as a bare ValueError (and an HTTP 500).
+        raise WebhookVerificationError(f"unusable secret: {exc}") from None
     if not expected:
         raise WebhookVerificationError("no secret to verify with")
     # Every pair is compared, in constant time each, so timing tells nothing about which.

@@ -131,3 +131,12 @@ def test_a_weak_account_secret_is_one_line_without_the_secret():
         == "Value error, secrets.1: a webhook secret must hold at least 16 bytes of key"
     )
     assert "tiny" not in error["msg"]
+
+
+@pytest.mark.parametrize("secret", ["short", "whsec_not base64!", "whsec_" + "c2hvcnQ="])
+def test_verify_raises_only_its_own_error_for_an_unusable_secret(secret):
+    headers = signature_headers([SECRET], "7:1", BODY, timestamp=NOW)
+    with pytest.raises(WebhookVerificationError, match="unusable secret") as caught:
+        verify(headers, BODY, secrets=[secret], now=NOW)
+    assert type(caught.value) is WebhookVerificationError
+    assert secret not in str(caught.value)
