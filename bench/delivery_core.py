@@ -136,7 +136,7 @@ class Core:
         from mailroom.settings import Settings
 
         settings = Settings()
-        client = async_client(settings.stream_redis_url, settings.redis)
+        client = async_client(settings.stream_redis_url, settings.stream_redis)
         keys = DeliveryRedis(client, stream_key=settings.delivery.stream_key)
         channel = WebhookChannel("default", settings.delivery)
         # The record the deliverer settles a message sent whole with.

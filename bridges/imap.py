@@ -60,7 +60,7 @@ async def serve(settings: Settings, send: Callable[[str], object]) -> int:
     handle_stop_signals(on_stop)
     database = settings.database.model_copy(update={"pool_size": POOL_SIZE})
     engine = create_engine(database)
-    redis = async_client(settings.stream_redis_url, settings.redis)
+    redis = async_client(settings.stream_redis_url, settings.stream_redis)
     try:
         watcher = Watcher(
             settings=settings,

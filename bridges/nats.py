@@ -85,7 +85,7 @@ class NatsBridge:
         self.nats_outage = OutageLog(f"NATS {servers}", logger=logger)
         broker = scrub_text(settings.broker_redis_url, ())
         if settings.redis.sentinels:
-            broker = f"redis sentinel master {settings.redis.sentinel_master}"
+            broker = f"redis sentinel master {settings.broker_redis.sentinel_master}"
         self.broker_outage = OutageLog(
             f"Broker {broker}", logger=logger, doing="the answers wait in NATS"
         )

@@ -361,7 +361,7 @@ async def serve(settings: Settings, send: Callable[[list[int]], object]) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     handle_stop_signals(lambda *_: loop.call_soon_threadsafe(stop.set))
-    client = create_client(settings.stream_redis_url, settings.delivery, settings.redis)
+    client = create_client(settings.stream_redis_url, settings.delivery, settings.stream_redis)
     try:
         return await StreamBridge(client, settings=settings.delivery, send=send, stop=stop).run()
     finally:

@@ -43,7 +43,7 @@ def broker_for(settings: Settings, middleware: Sequence[dramatiq.Middleware]) ->
     # Heartbeats and maintenance on Redis's clock, not this process's (broker_clock.py);
     # consumers woken by enqueues rather than polling (wakeups.py).
     return WakingRedisBroker(
-        client=sync_client(settings.broker_redis_url, settings.redis, attempts=1),
+        client=sync_client(settings.broker_redis_url, settings.broker_redis, attempts=1),
         namespace=settings.broker.namespace,
         heartbeat_timeout=settings.broker.heartbeat_timeout_ms,
         send_retry_s=settings.broker.send_retry_s,

@@ -90,7 +90,7 @@ class Resources:
         async def build() -> aioredis.Redis:
             from mailroom.adapters.redis_client import async_client
 
-            return async_client(self.settings.stream_redis_url, self.settings.redis)
+            return async_client(self.settings.stream_redis_url, self.settings.stream_redis)
 
         async def close(client: aioredis.Redis) -> None:
             await client.aclose()

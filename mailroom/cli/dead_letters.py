@@ -54,7 +54,9 @@ def _queues(settings: Settings) -> list[str]:
 
 
 def _client(settings: Settings) -> redis.Redis:
-    return sync_client(settings.broker_redis_url, settings.redis, attempts=CLI_REDIS_ATTEMPTS)
+    return sync_client(
+        settings.broker_redis_url, settings.broker_redis, attempts=CLI_REDIS_ATTEMPTS
+    )
 
 
 def _last_line(traceback: str | None) -> str:

@@ -37,7 +37,7 @@ def _run(settings: Settings, work: Callable[[Clients], Awaitable[T]]) -> T:
     async def main() -> T:
         engine = create_engine(settings.database)
         client = async_client(
-            settings.stream_redis_url, settings.redis, attempts=CLI_REDIS_ATTEMPTS
+            settings.stream_redis_url, settings.stream_redis, attempts=CLI_REDIS_ATTEMPTS
         )
         try:
             return await work((create_sessionmaker(engine), client))

@@ -127,7 +127,7 @@ async def _redis_status(settings: Settings) -> dict[str, Any]:
     report: dict[str, Any] = {"queues": {}, "stream": {}}
     broker = async_client(
         settings.broker_redis_url,
-        settings.redis,
+        settings.broker_redis,
         attempts=CLI_REDIS_ATTEMPTS,
         decode_responses=True,
     )
@@ -147,7 +147,9 @@ async def _redis_status(settings: Settings) -> dict[str, Any]:
         report["redis_error"] = str(exc)
     finally:
         await broker.aclose()
-    stream = async_client(settings.stream_redis_url, settings.redis, attempts=CLI_REDIS_ATTEMPTS)
+    stream = async_client(
+        settings.stream_redis_url, settings.stream_redis, attempts=CLI_REDIS_ATTEMPTS
+    )
     try:
         report["redis_links"]["stream"] = await link_role(stream)
         state = await stream_state(stream, settings.delivery)

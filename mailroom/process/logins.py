@@ -38,7 +38,7 @@ def login_refusals(settings: Settings, *, postgres: bool = True, broker: bool = 
     """
     found = []
     if broker and settings.broker.kind == "redis":
-        client = sync_client(settings.broker_redis_url, settings.redis, attempts=0)
+        client = sync_client(settings.broker_redis_url, settings.broker_redis, attempts=0)
         try:
             client.ping()
         except redis.exceptions.AuthenticationError as exc:

@@ -195,9 +195,24 @@ class Settings(BaseSettings):
         return self.delivery.redis_url or self.redis.url
 
     @property
+    def broker_redis(self) -> RedisSettings:
+        """How to reach the broker's Redis: ``redis`` with the broker's own Sentinel master."""
+        return _with_master(self.redis, self.broker.sentinel_master)
+
+    @property
+    def stream_redis(self) -> RedisSettings:
+        """How to reach the delivery stream's Redis: ``redis`` with its own Sentinel master."""
+        return _with_master(self.redis, self.delivery.sentinel_master)
+
+    @property
     def storage_root(self) -> Path:
         root = self.storage.root
         return root if root.is_absolute() else self.state_dir / root
+
+
+def _with_master(redis: RedisSettings, master: str) -> RedisSettings:
+    """A link's Redis settings: one set of sentinels may monitor several masters."""
+    return redis.model_copy(update={"sentinel_master": master}) if master else redis
 
 
 def _route_problems(delivery: DeliverySettings) -> list[str]:
@@ -225,6 +240,12 @@ def _redis_link_problems(settings: Settings) -> list[str]:
         urls["broker.redis_url"] = settings.broker.redis_url
     if settings.delivery.redis_url:
         urls["delivery.redis_url"] = settings.delivery.redis_url
+    for name, master in (
+        ("broker.sentinel_master", settings.broker.sentinel_master),
+        ("delivery.sentinel_master", settings.delivery.sentinel_master),
+    ):
+        if master and not redis.sentinels:
+            problems.append(f"{name} is set but redis.sentinels is empty: give the sentinels")
     for name, url in urls.items():
         parts = urlsplit(url)
         if redis.tls.given and parts.scheme != "rediss":

@@ -134,6 +134,9 @@ class NotificationRoute(StrictModel):
 class DeliverySettings(StrictModel):
     #: Redis of the delivery stream, locks and rate limits; empty means ``redis.url``.
     redis_url: str = ""
+    #: With ``redis.sentinels``: the name the sentinels monitor this link's master under, when
+    #: the stream has a Redis of its own; empty means ``redis.sentinel_master``.
+    sentinel_master: str = ""
     #: Not under the broker namespace: Dramatiq keeps its "delivery" queue at "{namespace}:delivery".
     stream_key: str = "mailroom:delivery-stream"
     consumer_group: str = "mailroom-delivery"

@@ -125,6 +125,9 @@ class BrokerSettings(StrictModel):
     kind: Literal["redis", "rabbitmq", "stub"] = "redis"
     #: Used when ``kind`` is ``redis``; empty means ``redis.url``.
     redis_url: str = ""
+    #: With ``redis.sentinels``: the name the sentinels monitor this link's master under, when
+    #: the broker has a Redis of its own; empty means ``redis.sentinel_master``.
+    sentinel_master: str = ""
     #: How long a send is tried again while Redis is unreachable (a Sentinel failover takes
     #: 2 to 5 s with ``down-after-milliseconds 1000``), in seconds; then the sender sees the error.
     send_retry_s: float = 10.0

@@ -31,3 +31,30 @@ def test_the_stream_redis_needs_rediss_when_tls_files_are_set(tmp_path: Path):
             redis={"url": "rediss://127.0.0.1:6380/0", "tls": {"ca_file": str(ca)}},
             delivery={"redis_url": "redis://127.0.0.1:6379/2"},
         )
+
+
+def test_each_link_asks_the_sentinels_for_its_own_master():
+    from mailroom.adapters.redis_client import async_client, sync_client
+
+    settings = Settings(
+        redis={"sentinels": ["127.0.0.1:26379"], "sentinel_master": "main"},
+        broker={"sentinel_master": "jobs"},
+        delivery={"sentinel_master": "outbound"},
+    )
+    broker = sync_client(settings.broker_redis_url, settings.broker_redis)
+    stream = async_client(settings.stream_redis_url, settings.stream_redis)
+    cache = sync_client(settings.redis.url, settings.redis)
+    assert [c.connection_pool.service_name for c in (broker, stream, cache)] == [
+        "jobs",
+        "outbound",
+        "main",
+    ]
+    plain = Settings(redis={"sentinels": ["127.0.0.1:26379"], "sentinel_master": "main"})
+    assert plain.broker_redis.sentinel_master == plain.stream_redis.sentinel_master == "main"
+
+
+def test_a_link_master_without_sentinels_is_refused():
+    with pytest.raises(
+        ValidationError, match=r"broker\.sentinel_master is set but redis\.sentinels"
+    ):
+        Settings(broker={"sentinel_master": "jobs"})
