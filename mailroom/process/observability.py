@@ -192,6 +192,8 @@ def init_sentry(settings: Settings, *, process: str, transport: Any = None) -> N
         dsn=settings.sentry.dsn.get_secret_value(),
         environment=settings.sentry.environment,
         traces_sample_rate=settings.sentry.traces_sample_rate,
+        # Sentry's default propagates to every URL: webhooks would hand receivers our trace.
+        trace_propagation_targets=list(settings.sentry.trace_propagation_targets),
         include_local_variables=False,
         max_request_body_size="never",
         integrations=[

@@ -77,6 +77,10 @@ class SentrySettings(StrictModel):
     dsn: SecretStr | None = None
     environment: str = "dev"
     traces_sample_rate: float = 0.0
+    #: URLs (regular expressions, matched anywhere in the URL) of our own services that may
+    #: receive Sentry's ``sentry-trace`` and ``baggage`` headers; empty: no request carries
+    #: them, so webhook receivers and other third parties never see our trace or Sentry key.
+    trace_propagation_targets: list[str] = Field(default_factory=list)
 
 
 class LogSettings(StrictModel):
