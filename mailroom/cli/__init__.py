@@ -84,7 +84,7 @@ def start_service(process: str) -> Settings:
 
 @app.command()
 def migrate() -> None:
-    """Upgrade the database to the newest schema (alembic upgrade head).
+    """Upgrade the database to the newest schema (alembic upgrade head), create the buckets.
 
     Runs one at a time per database (a Postgres advisory lock); a second run waits, then
     finds the schema at head.
@@ -100,12 +100,35 @@ def migrate() -> None:
         typer.echo(f"mailroom: migrate: {exc}. Nothing was applied; try again.", err=True)
         raise typer.Exit(1) from None
     typer.echo("database is at head")
+    _create_buckets(settings)
     if settings.runtime_config.seed:
         from mailroom.cli import runtime_config
 
         seeded = runtime_config.seed_from_settings(settings)
         if seeded.written:
             typer.echo(f"seeded from the environment: {', '.join(seeded.written)}")
+
+
+def _create_buckets(settings: Settings) -> None:
+    """Create every bucket the settings name (recognition services write into the results one)."""
+    import asyncio
+
+    from mailroom.adapters.storage import build_store
+    from mailroom.errors import AppError
+
+    store = build_store(settings)
+    try:
+        created = asyncio.run(store.create_buckets())
+    except AppError as exc:
+        typer.echo(f"mailroom: migrate: cannot create the buckets: {exc}", err=True)
+        raise typer.Exit(1) from None
+    finally:
+        close = getattr(store, "close", None)
+        if close is not None:
+            close()
+    names = ", ".join(store.bucket_names())
+    made = f" (created {', '.join(created)})" if created else ""
+    typer.echo(f"buckets ready: {names}{made}")
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

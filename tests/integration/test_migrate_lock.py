@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -50,7 +51,11 @@ class _Run:
 
 def _migrate(url: str) -> subprocess.Popen[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MAILROOM_")}
-    env.update(MAILROOM_DATABASE__URL=url, PYTHONPATH=str(PROJECT_ROOT))
+    # The buckets of the filesystem store go to a folder of the test's own.
+    state_dir = tempfile.mkdtemp(prefix="mailroom-migrate-")
+    env.update(
+        MAILROOM_DATABASE__URL=url, MAILROOM_STATE_DIR=state_dir, PYTHONPATH=str(PROJECT_ROOT)
+    )
     return subprocess.Popen(
         [sys.executable, "-m", "mailroom", "migrate"],
         env=env,

@@ -23,8 +23,9 @@ SECRET = "whsec_" + "c2VjcmV0IG9mIHRoZSB3ZWJob29rIHRlc3Rz"
 
 
 @pytest.fixture
-def env(database_url, monkeypatch):
+def env(database_url, monkeypatch, tmp_path):
     monkeypatch.setenv("MAILROOM_DATABASE__URL", database_url)
+    monkeypatch.setenv("MAILROOM_STATE_DIR", str(tmp_path))
     monkeypatch.setenv("MAILROOM_RUNTIME_CONFIG__KEY", KEY)
     monkeypatch.setenv("MAILROOM_DELIVERY__WEBHOOK_ALLOWED_HOSTS", '["hooks.example.com"]')
     return database_url
@@ -63,6 +64,7 @@ def test_migrate_seeds_the_environment_and_leaves_operator_rows_alone(env, monke
     monkeypatch.setenv("MAILROOM_DELIVERY__ROUTES", json.dumps(routes))
     code, output = _invoke("migrate")
     assert code == 0 and "seeded from the environment: route settings-1, route settings-2" in output
+    assert "buckets ready: mailroom-mail, mailroom-incoming, mailroom-results (created " in output
 
     code, output = _invoke("routes", "disable", "settings-2", "--operator", "ops-1")
     assert code == 0, output

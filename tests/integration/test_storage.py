@@ -177,3 +177,14 @@ async def test_a_new_object_and_every_folder_naming_it_are_fsynced(filesystem_st
     while folder != filesystem_store.root.parent:
         assert ("folder", str(folder)) in fsyncs, folder
         folder = folder.parent
+
+
+async def test_create_buckets_creates_every_named_bucket_the_results_one_included(store):
+    names = store.bucket_names()
+    assert names == [store.bucket("mail"), store.bucket("incoming"), store.bucket("results")]
+    assert await store.missing_buckets() == names
+
+    assert await store.create_buckets() == names
+
+    assert await store.missing_buckets() == []
+    assert await store.create_buckets() == []

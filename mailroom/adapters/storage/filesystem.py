@@ -117,6 +117,18 @@ class FilesystemStore(Buckets):
     async def delete(self, bucket: str, key: str) -> None:
         await asyncio.to_thread(_unlink_quietly, self._path(bucket, key))
 
+    async def missing_buckets(self) -> list[str]:
+        return [b for b in self.bucket_names() if not os.path.isdir(self._bucket_path(b))]
+
+    async def create_buckets(self) -> list[str]:
+        missing = await self.missing_buckets()
+        for bucket in missing:
+            await asyncio.to_thread(os.makedirs, self._bucket_path(bucket), 0o700, True)
+        return missing
+
+    def _bucket_path(self, bucket: str) -> str:
+        return os.path.join(self._root, check_key(bucket))
+
 
 #: Create only, never open an existing file; objects are private like the mail they hold.
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)

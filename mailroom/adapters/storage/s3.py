@@ -62,6 +62,38 @@ class S3Store(Buckets):
             return StorageUnavailable(f"{what}: {exc}")
         return exc
 
+    def _bucket_exists(self, bucket: str) -> bool:
+        from botocore.exceptions import ClientError
+
+        try:
+            self._client.head_bucket(Bucket=bucket)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchBucket", "NotFound"):
+                return False
+            raise
+        return True
+
+    async def missing_buckets(self) -> list[str]:
+        missing = []
+        for bucket in self.bucket_names():
+            try:
+                exists = await asyncio.to_thread(self._bucket_exists, bucket)
+            except Exception as exc:
+                raise self._translate(exc, f"head bucket {bucket}") from exc
+            if not exists:
+                missing.append(bucket)
+        return missing
+
+    async def create_buckets(self) -> list[str]:
+        missing = await self.missing_buckets()
+        for bucket in missing:
+            self._ready.discard(bucket)
+            try:
+                await asyncio.to_thread(self._ensure_bucket, bucket)
+            except Exception as exc:
+                raise self._translate(exc, f"create bucket {bucket}") from exc
+        return missing
+
     def _ensure_bucket(self, bucket: str) -> None:
         if bucket in self._ready:
             return

@@ -90,6 +90,18 @@ class ObjectStore(Protocol):
         """Remove the object; an object already gone is no error (deletes may repeat)."""
         ...
 
+    def bucket_names(self) -> list[str]:
+        """Every bucket the settings name (mail, incoming, results), each once."""
+        ...
+
+    async def missing_buckets(self) -> list[str]:
+        """The buckets of ``bucket_names`` that do not exist."""
+        ...
+
+    async def create_buckets(self) -> list[str]:
+        """Create the buckets of ``bucket_names`` that are missing; the ones it created."""
+        ...
+
 
 class Buckets:
     def __init__(self, settings: StorageSettings) -> None:
@@ -101,6 +113,9 @@ class Buckets:
 
     def bucket(self, role: BucketRole) -> str:
         return self._buckets[role]
+
+    def bucket_names(self) -> list[str]:
+        return list(dict.fromkeys(self._buckets.values()))
 
 
 async def put_concurrently(store: ObjectStore, requests: Sequence[PutRequest]) -> list[PutOutcome]:
