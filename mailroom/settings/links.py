@@ -316,3 +316,15 @@ class StorageSettings(StrictModel):
         if self.s3_ca_file is not None and not self.s3_ca_file.is_file():
             raise ValueError(f"s3_ca_file {str(self.s3_ca_file)!r} is not a file")
         return self
+
+    @model_validator(mode="after")
+    def _check_results_bucket(self) -> StorageSettings:
+        """A result names its object by bucket: in a bucket shared with mails or attachments
+        it could name a mail's ``.eml`` and be taken for a result object."""
+        for name in ("mail_bucket", "incoming_bucket"):
+            if getattr(self, name) == self.results_bucket:
+                raise ValueError(
+                    f"results_bucket and {name} are both {self.results_bucket!r}: "
+                    "give recognition results a bucket of their own"
+                )
+        return self

@@ -83,7 +83,9 @@ async def test_size_is_read_without_the_object_and_a_missing_one_is_not_found(st
         await store.size(ref.bucket, "absent.json")
 
 
-@pytest.mark.parametrize("key", ["../escape", "/abs/path", "a/../../b", "a//b", ""])
+@pytest.mark.parametrize(
+    "key", ["../escape", "/abs/path", "a/../../b", "a//b", "", "a\x00b", "a\x1bb", "k" * 1025]
+)
 async def test_unsafe_keys_are_refused(store, key):
     with pytest.raises(InvalidKey):
         await store.put("incoming", key, b"x", media_type="text/plain")

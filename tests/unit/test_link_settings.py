@@ -85,6 +85,14 @@ def test_an_s3_ca_file_with_verification_off_is_refused(pem):
         StorageSettings(s3_verify=False, s3_ca_file=pem)
 
 
+@pytest.mark.parametrize("shared", ["mail_bucket", "incoming_bucket"])
+def test_a_results_bucket_shared_with_mails_or_attachments_fails_at_load(shared):
+    with pytest.raises(ValidationError) as caught:
+        Settings(storage={"results_bucket": "everything", shared: "everything"})
+    line = _one_line(caught.value)
+    assert f"storage: results_bucket and {shared} are both 'everything'" in line
+
+
 def test_every_link_secret_is_a_secret_str_and_is_scrubbed():
     settings = Settings(
         nats={"user": "mailroom", "password": "nats-pass"},

@@ -43,10 +43,37 @@ def digest_key(digest: str, *, prefix: str, suffix: str = "") -> str:
     return f"{prefix.strip('/')}/{digest[:2]}/{digest}{suffix}"
 
 
-def check_key(key: str) -> str:
+#: Longest object key, in UTF-8 bytes (S3's limit).
+MAX_KEY_BYTES = 1024
+
+
+def key_problem(key: str) -> str | None:
+    """Why ``key`` is not a safe relative object key, or None when it is.
+
+    The one rule for every key Mailroom stores, reads or registers: the keys it writes and
+    the ``result_s3`` keys a recognition service names. Never repeats the key (it may carry
+    a NUL or a terminal escape).
+    """
+    if not key:
+        return "empty"
+    if len(key.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES:
+        return f"longer than {MAX_KEY_BYTES} bytes"
+    if any(ord(char) < 0x20 or 0x7F <= ord(char) < 0xA0 for char in key):
+        return "holds a NUL or another control character"
     # POSIX rules: absolute means a leading slash, which also gives an empty first part.
-    if not key or any(part in ("", ".", "..") for part in key.split("/")):
-        raise InvalidKey(f"unsafe object key {key[:100]!r}")
+    if key.startswith("/"):
+        return "an absolute path"
+    if any(part in ("", ".", "..") for part in key.split("/")):
+        return "has an empty, '.' or '..' part"
+    return None
+
+
+def check_key(key: str) -> str:
+    """``key`` when it is safe (``key_problem``); else ``InvalidKey``."""
+    problem = key_problem(key)
+    if problem is not None:
+        shown = "".join(c if c.isprintable() else "?" for c in key[:100])
+        raise InvalidKey(f"unsafe object key {shown!r}: {problem}")
     return key
 
 

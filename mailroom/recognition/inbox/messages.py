@@ -15,6 +15,7 @@ from typing import Literal
 
 from pydantic import ValidationError
 
+from mailroom.adapters.storage.store import key_problem
 from mailroom.errors import InvalidMessage
 from mailroom.recognition.contract.models import (
     MSG_ID_HEADER,
@@ -35,6 +36,7 @@ Applied = Literal[
     "rejected",  # not JSON, not the contract, too large
     "unknown_job",
     "file_mismatch",
+    "msg_id_mismatch",  # its Nats-Msg-Id names another attempt or job: never applied
     "ack_applied",
     "ack_repeated",
     "ack_after_result",  # overtaken by its job's result: expected when both come at once
@@ -150,9 +152,10 @@ def parse_message(
 ) -> Parsed | InboxOutcome:
     """The parsed message, or its ``rejected`` outcome (warned without the body).
 
-    A result whose ``result_s3`` is outside ``results_bucket`` is a contract violation:
-    its object is never registered, so nothing (mapping, retention, erasure) treats a
-    mail or an attachment another service named as a result object.
+    A result whose ``result_s3`` is outside ``results_bucket``, or whose key is unsafe
+    (``key_problem``), is a contract violation: its object is never registered, so nothing
+    (mapping, retention, erasure) treats a mail or an attachment another service named as a
+    result object.
     """
     subject, data = message.subject, message.data
     if not check_size(data, max_bytes=max_bytes):
@@ -186,5 +189,12 @@ def parse_message(
         detail = f"result_s3 is in bucket {ref.bucket[:100]!r}, not the results bucket"
         service = service_of({"service": {"name": response.service.name}})
         violation = Violation("foreign_bucket", detail, service, code=FOREIGN_BUCKET)
+        return InboxOutcome("rejected", response.job_id, violation=violation)
+    problem = key_problem(ref.key) if ref is not None else None
+    if problem is not None:
+        # Checked as Mailroom's own keys are: a key that escapes its bucket's folder, or that
+        # Postgres cannot store (a NUL), is the service's fault, never a crash to retry.
+        service = service_of({"service": {"name": response.service.name}})
+        violation = Violation("unsafe_result_key", f"result_s3.key {problem}", service)
         return InboxOutcome("rejected", response.job_id, violation=violation)
     return Parsed(subject, response, msg_id)

@@ -118,11 +118,30 @@ def apply_one(
             job.id,
             msg_id,
         )
+    elif not _names_the_attempt(msg_id, job):
+        # An answer names the request it answers: one under another attempt or another job's
+        # id answers no request of this job (forged, or misdirected), so it is never applied.
+        batch.log(
+            logging.WARNING,
+            "Recognition message for job %s ignored: its Nats-Msg-Id %s is not of attempt %d",
+            job.id,
+            short_repr(msg_id),
+            job.row["attempt"],
+        )
+        batch.outcomes.append(InboxOutcome("msg_id_mismatch", job.id))
+        return
     clock: datetime = now or job.row["db_now"]
     if response.is_ack:
         batch.outcomes.append(_apply_ack(batch, job, response, clock))
     else:
         batch.outcomes.append(_apply_result(batch, job, response, msg_id, clock))
+
+
+def _names_the_attempt(msg_id: str, job: Job) -> bool:
+    """Whether ``msg_id`` is ``{job_id}:{attempt}:…`` of this job's attempt."""
+    job_id, _, rest = msg_id.partition(":")
+    attempt, _, _kind = rest.partition(":")
+    return job_id == str(job.id) and attempt == str(job.row["attempt"])
 
 
 def _apply_ack(
