@@ -50,7 +50,12 @@ _CONTROL = re.compile(
 
 
 def header_text(
-    message: Message, name: str, *, join: bool = False, hints: Hints = no_hints
+    message: Message,
+    name: str,
+    *,
+    join: bool = False,
+    hints: Hints = no_hints,
+    limit: int = MAX_HEADER_CHARS,
 ) -> str | None:
     """The decoded, cleaned value of header ``name`` (all of them joined by newlines if ``join``).
 
@@ -61,11 +66,11 @@ def header_text(
         values = [decode_words(v, hints) for v in message.get_all(name) or []]
     except Exception:  # malformed header the decoder chokes on: fall back to its raw text
         values = [str(v) for k, v in message.raw_items() if k.lower() == name.lower()]
-    values = [clean_text(v) for v in values]
+    values = [clean_text(v, limit) for v in values]
     values = [v for v in values if v]
     if not values:
         return None
-    return "\n".join(values)[:MAX_HEADER_CHARS] if join else values[0]
+    return "\n".join(values)[:limit] if join else values[0]
 
 
 def decode_words(value: str | Header, hints: Hints = no_hints) -> str:
@@ -111,29 +116,94 @@ def _bytes_text(data: bytes, charset: str | None, hints: Hints) -> str:
 
 
 def read_sender(message: Message, hints: Hints = no_hints) -> tuple[str | None, str | None]:
-    """The From address (or the decoded header text when it holds none) and its display name."""
+    """The addr-spec of From and its display name, decoded; each None when From has none.
+
+    The address is only ever the addr-spec: a display name that reads like an address
+    (``=?utf-8?q?ceo@bank.test?= <attacker@evil.test>``) stays the name. A From without
+    any address keeps its decoded text as the name.
+    """
     name, address = _first_address(message)
-    if "@" in address:
-        sender = clean_text(decode_words(address, hints)) or None
-    else:
-        sender = header_text(message, "From", hints=hints)
-    display = clean_text(decode_words(name, hints), limit=MAX_NAME_CHARS) if name else ""
+    sender = _address_text(address, hints)
+    if sender is None and not name:
+        return None, header_text(message, "From", hints=hints, limit=MAX_NAME_CHARS)
+    display = clean_text(decode_words(name, hints), limit=MAX_NAME_CHARS)
     return sender, display or None
+
+
+def _address_text(address: str, hints: Hints) -> str | None:
+    """``address`` as text when it is an addr-spec; encoded words never make one."""
+    address = address.strip()
+    if "@" not in address or "=?" in address:
+        return None
+    return clean_text(decode_words(address, hints)) or None
+
+
+def _unquoted(phrase: str) -> str:
+    """A display name with its quoted strings opened (``"Doe, Jane"`` → ``Doe, Jane``)."""
+    opened = _QUOTED.sub(lambda m: _QUOTED_PAIR.sub(r"\1", m.group(1)), phrase)
+    return " ".join(opened.split())
+
+
+_QUOTED = re.compile(r'"((?:[^"\\]|\\.)*)"?', re.S)
+_QUOTED_PAIR = re.compile(r"\\(.)", re.S)
+#: An RFC 2047 encoded word: it may hold ``@``, ``<`` or ``,`` without being an address.
+_ENCODED_WORD = re.compile(r"=\?[^?\s]+\?[bBqQ]\?[^?\s]*\?=")
 
 
 def _first_address(message: Message) -> tuple[str, str]:
     """The first (name, address) of From, still encoded; ("", "") when there is none.
 
-    The address is split before its name is decoded, so a comma or bracket inside an
-    encoded name cannot split it. The header's stored value is read: ``get_all`` wraps raw
-    8-bit text in a Header whose ``str()`` drops the bytes.
+    The address is split before its name is decoded, so a comma, bracket or ``@`` inside
+    an encoded name cannot split it or pass for the address. The header's stored value is
+    read: ``get_all`` wraps raw 8-bit text in a Header whose ``str()`` drops the bytes.
     """
-    raw = [value for key, value in message.raw_items() if key.lower() == "from"][:1]
+    raw = [str(value) for key, value in message.raw_items() if key.lower() == "from"][:1]
+    if not raw:
+        return "", ""
+    angle = _angle_mailbox(raw[0])
+    if angle is not None:
+        return angle
     try:
-        addresses = getaddresses([str(value) for value in raw])
+        addresses = getaddresses(raw)
     except Exception:  # unparsable address list: no address
         return "", ""
     for name, address in addresses:
         if name or address:
             return name, address
     return "", ""
+
+
+def _angle_mailbox(value: str) -> tuple[str, str] | None:
+    """(phrase, address) of the first mailbox of ``value`` written ``phrase <address>``.
+
+    None when that mailbox is a bare addr-spec (``getaddresses`` reads it then). The
+    scan skips quoted strings, comments and encoded words, so none of them can end the
+    phrase; a phrase without quotes that holds ``@`` (invalid, but sent) is a phrase still,
+    where ``getaddresses`` took it for the address and dropped the real one.
+    """
+    start, index, depth = 0, 0, 0
+    while index < len(value):
+        char = value[index]
+        if char == "\\" and depth:
+            index += 1
+        elif depth:
+            depth += {"(": 1, ")": -1}.get(char, 0)
+        elif char == "(":
+            depth = 1
+        elif char == '"':
+            index += 1
+            while index < len(value) and value[index] != '"':
+                index += 2 if value[index] == "\\" else 1
+        elif char == "=" and (word := _ENCODED_WORD.match(value, index)):
+            index = word.end()
+            continue
+        elif char == ":":
+            start = index + 1  # a group's name: its first mailbox follows
+        elif char == "<":
+            end = value.find(">", index)
+            address = value[index + 1 : end if end != -1 else len(value)]
+            return _unquoted(value[start:index]), address
+        elif char == "," and "@" in value[start:index]:
+            return None  # the first mailbox was an addr-spec
+        index += 1
+    return None

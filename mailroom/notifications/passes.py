@@ -37,6 +37,7 @@ from mailroom.db.engine import transaction
 from mailroom.db.models import ChannelMessage
 from mailroom.delivery.producer import create_messages, enqueue_messages
 from mailroom.notifications import sql as notifications_sql
+from mailroom.notifications.senders import shown_sender
 from mailroom.recognition.finality import finalize_settled_mails
 from mailroom.settings import DeliverySettings, NotificationRoute
 
@@ -67,9 +68,16 @@ class MailSummary:
     mailbox: str
     uid: int
     subject: str
-    sender: str
+    #: The addr-spec of From (the sender), and its display name: the mail's claim only.
+    sender_address: str | None
+    sender_name: str | None
     files: list[FileSummary]
     problem: str | None = None
+
+    @property
+    def sender(self) -> str:
+        """The sender as notifications show it: ``Display Name <address>``."""
+        return shown_sender(self.sender_address, self.sender_name)
 
     @property
     def document_types(self) -> set[str]:
@@ -118,6 +126,8 @@ def render_route(route: NotificationRoute, summary: MailSummary) -> tuple[str, s
         "uid": summary.uid,
         "mail_subject": summary.subject,
         "sender": summary.sender,
+        "sender_address": summary.sender_address or "",
+        "sender_name": summary.sender_name or "",
         "document_types": ", ".join(sorted(summary.document_types)) or "none",
         "summary": summary.render(),
     }
@@ -142,7 +152,8 @@ def _from_rows(rows: Iterable[Any]) -> list[tuple[MailSummary, Any]]:
                 mailbox=row.mailbox or "?",
                 uid=row.uid,
                 subject=row.subject or "(no subject)",
-                sender=row.sender or "(unknown sender)",
+                sender_address=row.sender,
+                sender_name=row.sender_name,
                 files=[],
                 problem=row.last_error,
             )

@@ -11,7 +11,7 @@ from sqlalchemy import text
 # What a summary needs of a mail, its mailbox and each of its files (one row per file, or a
 # row with a NULL file for a mail without any), in mail and file order.
 _SUMMARY_ROWS = """
-    SELECT m.id AS mail_id, m.uid, m.subject, m.sender, m.last_error, m.finalized_at,
+    SELECT m.id AS mail_id, m.uid, m.subject, m.sender, m.sender_name, m.last_error, m.finalized_at,
            m.notified_at, c.mailbox, f.id AS file_id, f.original_name, f.status AS file_status,
            f.status_reason, d.document_type, d.fields, d.missing_fields
       FROM {mails} AS m

@@ -41,9 +41,11 @@ ROUTE_PLACEHOLDERS: dict[str, Any] = {
     "mailbox": "billing",
     "uid": 1,
     "mail_subject": "Invoice March",
-    "sender": "billing@example.test",
+    "sender": "Billing <billing@example.test>",
+    "sender_address": "billing@example.test",
+    "sender_name": "Billing",
     "document_types": "invoice",
-    "summary": "Mail 'Invoice March' from billing@example.test",
+    "summary": "Mail 'Invoice March' from Billing <billing@example.test>",
 }
 
 #: The recognition no-ack window must be this many times the bridge's ack wait (see Settings).

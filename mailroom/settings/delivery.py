@@ -107,7 +107,8 @@ class NotificationRoute(StrictModel):
     account: str = "default"
     recipient: str = "ops"
     #: ``str.format`` templates (checked at load) over {mail_id}, {mailbox}, {uid},
-    #: {mail_subject}, {sender}, {document_types} and {summary}.
+    #: {mail_subject}, {sender} (``Display Name <address>``), {sender_address} (the address
+    #: of From alone), {sender_name} (the name the mail claims), {document_types} and {summary}.
     subject: str = "Mail {mail_subject!s} processed"
     template: str = "{summary}"
 
