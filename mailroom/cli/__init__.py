@@ -111,24 +111,16 @@ def migrate() -> None:
 
 def _create_buckets(settings: Settings) -> None:
     """Create every bucket the settings name (recognition services write into the results one)."""
-    import asyncio
-
-    from mailroom.adapters.storage import build_store
+    from mailroom.adapters.storage import create_buckets
     from mailroom.errors import AppError
 
-    store = build_store(settings)
     try:
-        created = asyncio.run(store.create_buckets())
+        names, created = create_buckets(settings)
     except AppError as exc:
         typer.echo(f"mailroom: migrate: cannot create the buckets: {exc}", err=True)
         raise typer.Exit(1) from None
-    finally:
-        close = getattr(store, "close", None)
-        if close is not None:
-            close()
-    names = ", ".join(store.bucket_names())
     made = f" (created {', '.join(created)})" if created else ""
-    typer.echo(f"buckets ready: {names}{made}")
+    typer.echo(f"buckets ready: {', '.join(names)}{made}")
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

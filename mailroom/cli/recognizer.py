@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from mailroom.cli import errors
-from mailroom.errors import NatsUnavailable
+from mailroom.errors import NatsConfigError, NatsUnavailable
 from mailroom.recognition.contract.conformance import CheckRow, CheckTimeouts
 
 if TYPE_CHECKING:
@@ -79,6 +79,11 @@ def check(
     store = build_store(settings)
     try:
         rows = asyncio.run(check_service(settings, store=store, timeouts=timeouts))
+    except NatsConfigError as exc:
+        if errors.show_tracebacks:
+            raise
+        typer.echo(errors.mask_passwords(f"mailroom: recognizer check: {exc}"), err=True)
+        raise typer.Exit(errors.EXIT_CONFIG) from None
     except NatsUnavailable as exc:
         if errors.show_tracebacks:
             raise

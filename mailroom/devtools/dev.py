@@ -19,6 +19,7 @@ import psycopg
 from rich.console import Console
 from rich.table import Table
 
+from mailroom.adapters.storage import create_buckets
 from mailroom.db.dsn import psycopg_dsn
 from mailroom.db.migrate import PROJECT_ROOT, upgrade
 from mailroom.devtools.imap import ImapServer, demo_mailbox
@@ -208,6 +209,7 @@ def run_dev(
             console.print(f"[bold red]mailroom dev: {exc}[/]")
             return 1
         upgrade(settings.database.url)
+        create_buckets(settings)
         announce = lambda line: console.print(f"[green]received[/] {line}")  # noqa: E731
         webhook = WebhookSink(port=webhook_port, on_receive=announce).start()
         stoppers.append(webhook.stop)

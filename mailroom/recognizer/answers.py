@@ -56,13 +56,19 @@ class AnswerPublisher:
         self.jetstream = jetstream
         self.captured = False
         self._looked_at = float("-inf")
+        self._lookup = asyncio.Lock()
 
     async def publish(self, data: bytes, msg_id: str) -> None:
         """Publish one answer; with a stream, return only once the stream acknowledged it."""
         headers = {MSG_ID_HEADER: msg_id}
-        if not self.captured and not await self._stream_captures():
-            await self.nc.publish(self.subject, data, headers=headers)
-            return
+        if not self.captured:
+            # One lookup at a time: answers published while it runs wait for its outcome
+            # instead of going out with core NATS into a stream that captures them.
+            async with self._lookup:
+                captured = self.captured or await self._stream_captures()
+            if not captured:
+                await self.nc.publish(self.subject, data, headers=headers)
+                return
         deadline = time.monotonic() + PUBLISH_BUDGET_S
         while True:
             try:

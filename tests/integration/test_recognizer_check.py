@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from mailroom.adapters.storage import build_store
-from mailroom.recognition.contract.conformance import CheckTimeouts, check_service
-from mailroom.recognition.contract.models import RecognitionResponse
+from mailroom.recognition.contract.conformance import CheckRow, CheckTimeouts, check_service
+from mailroom.recognition.contract.models import RecognitionResponse, dump
 from mailroom.recognizer.faults import RecognizerFaults
 from mailroom.recognizer.service import ReferenceRecognizer
 
@@ -25,9 +25,15 @@ ACKS = {"ack (tabular)", "ack (image)"}
 RESULTS = {"result (tabular)", "result (image)"}
 
 
+async def _rows(settings, *, buckets: bool = True) -> list[CheckRow]:
+    store = build_store(settings)
+    if buckets:  # as `mailroom migrate` would have
+        await store.create_buckets()
+    return await check_service(settings, store=store, timeouts=TIMEOUTS)
+
+
 async def _check(settings) -> dict[str, bool]:
-    rows = await check_service(settings, store=build_store(settings), timeouts=TIMEOUTS)
-    return {row.name: row.passed for row in rows}
+    return {row.name: row.passed for row in await _rows(settings)}
 
 
 def _failed(rows: dict[str, bool]) -> set[str]:
@@ -39,7 +45,7 @@ async def test_the_reference_recognizer_passes_every_check(start_recognizer, rec
 
     rows = await _check(recognizer_settings)
 
-    assert len(rows) == 10
+    assert len(rows) == 12
     assert _failed(rows) == set()
 
 
@@ -109,6 +115,39 @@ async def test_a_message_off_the_contract_fails_the_contract_row(recognizer_sett
     assert "message ids" not in failed
 
 
+class _CorePublisher(ReferenceRecognizer):
+    """Publishes its answers with core NATS, as if no stream captured the answers subject."""
+
+    async def _publish(self, response: RecognitionResponse, msg_id: str) -> None:
+        await self._connection().publish(
+            self.results_subject, dump(response), headers={"Nats-Msg-Id": msg_id}
+        )
+
+
+async def test_answers_published_with_core_nats_into_the_stream_are_explained(
+    recognizer_settings,
+):
+    async with _CorePublisher(recognizer_settings):
+        rows = {row.name: row for row in await _rows(recognizer_settings)}
+
+    row = rows["answers through JetStream"]
+    assert not row.passed
+    assert "published with core NATS into" in row.detail
+    assert "use js.publish, wait for its PubAck and retry under the same Nats-Msg-Id" in row.detail
+    assert "\n" not in row.detail
+    assert rows["result (tabular)"].passed
+
+
+async def test_a_missing_bucket_is_reported_as_such(start_recognizer, recognizer_settings):
+    await start_recognizer()
+
+    rows = {row.name: row for row in await _rows(recognizer_settings, buckets=False)}
+
+    assert not rows["buckets"].passed
+    results = recognizer_settings.storage.results_bucket
+    assert f"{results} does not exist: `mailroom migrate` creates" in rows["buckets"].detail
+
+
 class _OwnShapeDocuments:
     """A store that writes every result document in a shape of its own."""
 
@@ -169,11 +208,13 @@ async def test_another_answer_to_a_repeated_request_fails_the_idempotency_row(
 async def test_the_command_prints_the_table_and_exits_0_for_the_reference(
     start_recognizer, recognizer_settings, tmp_path
 ):
+    await build_store(recognizer_settings).create_buckets()
     await start_recognizer()
     env = {
         **os.environ,
         "MAILROOM_STATE_DIR": str(tmp_path),
         "MAILROOM_NATS__SUBJECT_PREFIX": recognizer_settings.nats.subject_prefix,
+        "MAILROOM_NATS__STREAM_NAME": recognizer_settings.nats.stream_name,
         "COLUMNS": "160",
     }
     process = await asyncio.create_subprocess_exec(

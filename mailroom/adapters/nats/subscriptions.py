@@ -33,6 +33,8 @@ class IncomingMessage:
     headers: dict[str, str]
     ack: Callable[[], Awaitable[None]]
     nak: Callable[[], Awaitable[None]]
+    #: The subject the sender asked replies on (a plain subscription only; empty if none).
+    reply: str = ""
 
 
 class ResultSubscription(Protocol):
@@ -152,7 +154,12 @@ class _CoreSubscription:
             msgs.append(self._queue.get_nowait())
         return [
             IncomingMessage(
-                subject=m.subject, data=m.data, headers=_headers(m), ack=_noop, nak=_noop
+                subject=m.subject,
+                data=m.data,
+                headers=_headers(m),
+                ack=_noop,
+                nak=_noop,
+                reply=m.reply,
             )
             for m in msgs
         ]

@@ -256,7 +256,16 @@ def build_asyncapi() -> dict[str, Any]:
             "answers": {
                 "address": f"{{prefix}}{nats.results_subject}",
                 "title": "Acks and results",
-                "description": "Acks and results of both pipelines.",
+                "description": (
+                    "Acks and results of both pipelines. Where a JetStream stream captures "
+                    f"this subject (`{nats.stream_name}`, unless Mailroom runs on core NATS), "
+                    "publish every answer with JetStream (`js.publish`), count it as sent only "
+                    "once the stream's PubAck came back, and on a timeout or no responders "
+                    f"publish it again under the same `{MSG_ID_HEADER}` until it does: a core "
+                    "publish is at most once, and while the stream elects a leader the server "
+                    "drops what it cannot store without an error to anyone, so a lost result "
+                    "would end its job as `TIMEOUT`."
+                ),
                 "parameters": prefix,
                 "messages": {
                     "recognitionAck": {"$ref": "#/components/messages/recognitionAck"},

@@ -5,8 +5,9 @@ service reads, publishes requests on the request subjects (core NATS, so a repea
 is really sent again), watches the results subject without a queue group and
 returns one ``CheckRow`` per rule: ack then result in time, message ids, every
 message and result document against the contract, idempotency, an invalid request
-answered ``INVALID_REQUEST`` and a missing object answered with an error. It
-never touches Mailroom's database.
+answered ``INVALID_REQUEST`` and a missing object answered with an error; before
+that, the buckets, and after it, how the answers travelled (``transport_check``: the
+check runs on Mailroom's stream). It never touches Mailroom's database.
 """
 
 from __future__ import annotations
@@ -35,6 +36,12 @@ from mailroom.recognition.contract.models import (
     dump,
     parse_json_object,
     request_msg_id,
+)
+from mailroom.recognition.contract.transport_check import (
+    Answer,
+    answers_stream,
+    buckets_row,
+    publishing_row,
 )
 from mailroom.settings import Settings
 
@@ -80,6 +87,8 @@ class _Received:
     at_s: float
     msg_id: str | None
     data: bytes
+    #: The reply subject it came with (its PubAck's inbox); empty for a core publish.
+    reply: str = ""
 
 
 @dataclass
@@ -128,10 +137,10 @@ class _Exchange:
             )
         )
 
-    def take(self, msg_id: str | None, data: bytes) -> None:
+    def take(self, msg_id: str | None, data: bytes, reply: str = "") -> None:
         job = self.jobs.get(_job_named(msg_id, data) or "")
         if job is not None:
-            job.messages.append(_Received(time.monotonic(), msg_id, data))
+            job.messages.append(_Received(time.monotonic(), msg_id, data, reply))
 
 
 async def check_service(
@@ -142,6 +151,8 @@ async def check_service(
 ) -> list[CheckRow]:
     """Run every check against the service listening on ``settings.nats``."""
     timeouts = timeouts or CheckTimeouts()
+    # The stream Mailroom reads answers from, created as Mailroom would when it is missing.
+    stream = await answers_stream(settings)
     # Core NATS: a JetStream publish would drop the repeated request as a duplicate.
     client = NatsClient(settings.nats.model_copy(update={"jetstream": False}), name="conformance")
     await client.connect()
@@ -150,7 +161,7 @@ async def check_service(
         watch = await client.watch(settings.nats.subject(settings.nats.results_subject))
         collector = asyncio.create_task(_collect(watch, exchange))
         try:
-            return await _run(exchange, store, timeouts)
+            return await _run(exchange, store, timeouts, stream)
         finally:
             collector.cancel()
             await asyncio.gather(collector, return_exceptions=True)
@@ -162,11 +173,15 @@ async def check_service(
 async def _collect(watch: ResultSubscription, exchange: _Exchange) -> None:
     while True:
         for message in await watch.fetch(100, POLL_S * 10):
-            exchange.take(message.headers.get(MSG_ID_HEADER), message.data)
+            exchange.take(message.headers.get(MSG_ID_HEADER), message.data, message.reply)
 
 
-async def _run(exchange: _Exchange, store: ObjectStore, timeouts: CheckTimeouts) -> list[CheckRow]:
+async def _run(
+    exchange: _Exchange, store: ObjectStore, timeouts: CheckTimeouts, stream: str | None
+) -> list[CheckRow]:
     deadline = datetime.now(UTC) + timedelta(seconds=timeouts.result_s)
+    # Before the samples are stored: a put would create a missing bucket on S3.
+    buckets = await buckets_row(store)
     samples: dict[str, _Job] = {}
     for pipeline, (file_type, data) in SAMPLES.items():
         key = content_key(data, prefix="conformance", suffix=f".{file_type}")
@@ -208,11 +223,17 @@ async def _run(exchange: _Exchange, store: ObjectStore, timeouts: CheckTimeouts)
             timeouts.result_s,
         )
 
-    rows: list[CheckRow] = []
+    rows: list[CheckRow] = [CheckRow(buckets.name, buckets.passed, buckets.detail)]
     for name, job in samples.items():
         rows.append(_ack_row(name, job, timeouts))
         rows.append(_result_row(name, job, timeouts))
     rows.append(_msg_id_row(everyone))
+    publishing = publishing_row(
+        (Answer(m.msg_id, m.reply) for job in everyone for m in job.messages),
+        stream=stream,
+        subject=exchange.settings.nats.subject(exchange.settings.nats.results_subject),
+    )
+    rows.append(CheckRow(publishing.name, publishing.passed, publishing.detail))
     rows.append(_contract_row(everyone))
     rows.append(await _document_row(list(samples.values()), store, exchange.settings))
     rows.append(_idempotency_row(repeated, repeat_sent_at_s))

@@ -1,0 +1,97 @@
+"""What the conformance check looks at besides the answers' content: buckets and how answers travel.
+
+The check runs on the same JetStream stream as Mailroom: it creates the stream when missing,
+exactly as Mailroom's processes do (or, with ``nats.manage_stream`` false, only checks that it
+exists), so a service that publishes with JetStream finds it and gets its PubAck. Its own
+subscription to the answers subject is a plain one and sees every answer as it was sent, with
+its reply subject: ``js.publish`` is a request, sent with the inbox its PubAck comes back to; a
+core ``publish`` has none. So an answer without a reply subject on a subject a stream captures
+was published with core NATS, and nothing told the service whether the stream stored it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from mailroom.adapters.nats import NatsClient
+from mailroom.adapters.storage import ObjectStore
+from mailroom.errors import AppError
+from mailroom.settings import Settings
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One answer as the check's plain subscription saw it."""
+
+    msg_id: str | None
+    #: The reply subject it came with; empty for a core publish.
+    reply: str
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    passed: bool
+    detail: str
+
+
+async def answers_stream(settings: Settings) -> str | None:
+    """The stream that captures the answers subject, created as Mailroom would; None without one.
+
+    Raises:
+        NatsConfigError: the stream cannot be used as the settings say (one line).
+        NatsUnavailable: NATS cannot be reached.
+    """
+    if not settings.nats.jetstream:
+        return None
+    client = NatsClient(settings.nats, name="conformance-stream")
+    await client.connect()  # ensures the stream over the request and answer subjects
+    await client.close()
+    return settings.nats.stream_name
+
+
+async def buckets_row(store: ObjectStore) -> Row:
+    """Whether the buckets the check and the service use exist."""
+    name = "buckets"
+    try:
+        missing = await store.missing_buckets()
+    except AppError as exc:
+        return Row(name, False, f"cannot look at the buckets: {exc}")
+    if missing:
+        return Row(
+            name,
+            False,
+            f"bucket {', '.join(missing)} does not exist: `mailroom migrate` creates every "
+            "bucket the settings name",
+        )
+    return Row(name, True, f"{', '.join(store.bucket_names())} exist")
+
+
+def publishing_row(answers: Iterable[Answer], *, stream: str | None, subject: str) -> Row:
+    """Whether every answer went through the stream with an id it can deduplicate on."""
+    name = "answers through JetStream"
+    if stream is None:
+        return Row(name, True, f"no stream captures {subject} (nats.jetstream false)")
+    count = 0
+    for answer in answers:
+        count += 1
+        label = answer.msg_id or "an answer"
+        if not answer.reply:
+            return Row(
+                name,
+                False,
+                f"{label} was published with core NATS into {subject}, which stream {stream} "
+                "captures: use js.publish, wait for its PubAck and retry under the same "
+                "Nats-Msg-Id (a core publish is lost silently while the stream elects a leader)",
+            )
+        if not answer.msg_id:
+            return Row(
+                name,
+                False,
+                f"an answer was published without a Nats-Msg-Id: stream {stream} cannot drop "
+                "its retries as duplicates; send {job_id}:{attempt}:ack|result",
+            )
+    if not count:
+        return Row(name, False, "no answer was seen")
+    return Row(name, True, f"{count} answers published with js.publish into stream {stream}")
