@@ -23,7 +23,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -45,6 +45,7 @@ from mailroom.intake.ingest import (
     prepare_group,
 )
 from mailroom.intake.parsing import Limits
+from mailroom.intake.tombstones import drop_unregistered, erased_among
 from mailroom.settings import IntakeSettings, MailboxSettings
 
 logger = logging.getLogger(__name__)
@@ -59,6 +60,8 @@ class BatchResult:
     highest_uid: int = 0
     ingested: int = 0
     duplicates: int = 0
+    #: Mails an erasure left a tombstone of, read again and skipped.
+    erased: int = 0
     jobs: int = 0
     #: Stored mails that opened no recognition job: final at once, their notifications due.
     final: int = 0
@@ -91,6 +94,9 @@ class BatchContext:
     @property
     def limits(self) -> Limits:
         return Limits.for_mailbox(self.intake, self.mailbox)
+
+    async def erased(self, mails: Sequence[tuple[str, str | None]]) -> list[bool]:
+        return await erased_among(self.sessions, mails)
 
 
 async def run_batch(ctx: BatchContext, connection: Mailbox) -> BatchResult:
@@ -174,7 +180,9 @@ async def _ingest_one_by_one(
             if count > ctx.intake.max_retries:
                 raise _exhausted(ctx, uid, count - 1)
             mails = await _fetch(connection, [uid], oversize)
-            prepared = await prepare_group(mails, store=ctx.store, limits=ctx.limits)
+            prepared = await prepare_group(
+                mails, store=ctx.store, limits=ctx.limits, erased=ctx.erased
+            )
             await _commit(ctx, pg, connection, prepared, result)
 
 
@@ -217,7 +225,9 @@ async def _ingest_in_order(
                     await counting
                     counting = None
                 while groups:
-                    prepare = prepare_group(groups.popleft(), store=ctx.store, limits=ctx.limits)
+                    prepare = prepare_group(
+                        groups.popleft(), store=ctx.store, limits=ctx.limits, erased=ctx.erased
+                    )
                     window.append(asyncio.create_task(prepare))
                     if len(window) > GROUPS_AHEAD:
                         await _commit_next(ctx, pg, connection, window, result)
@@ -328,6 +338,8 @@ async def _commit(
                 await ctx.nudge()
             except Exception:  # the jobs are committed; the outbox sweep publishes them anyway
                 logger.warning("Nudging the recognition publisher failed", exc_info=True)
+        if outcome.orphaned:  # an erase committed while these mails were prepared
+            await drop_unregistered(ctx.sessions, outcome.orphaned)
         # Duplicates too: their content is stored, under an earlier UID.
         committed = [mail.uid for mail in outcome.committed]
         await apply_after_ingest(ctx.mailbox, connection, committed)
@@ -343,6 +355,12 @@ def _count(
     """Add the committed mails to the result; the number of recognition jobs they opened."""
     jobs = 0
     for mail, outcome in zip(mails, committed, strict=False):  # committed may stop early
+        if outcome.erased:
+            result.erased += 1
+            logger.info(
+                "Mailbox %s: UID %d matches an erased mail; skipped", ctx.mailbox.name, outcome.uid
+            )
+            continue
         if outcome.duplicate:
             result.duplicates += 1
             logger.info(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -30,11 +31,15 @@ from mailroom.intake.parsing import (
     parse_oversize,
 )
 from mailroom.intake.stored_mail import stored_mail
+from mailroom.intake.tombstones import message_id_digest
 
 logger = logging.getLogger(__name__)
 
 #: ``created_by`` of the objects intake registers.
 CREATED_BY = "intake"
+
+#: For each (content SHA-256, Message-ID) of a group: whether an erased mail matches it.
+ErasedCheck = Callable[[Sequence[tuple[str, str | None]]], Awaitable[list[bool]]]
 
 
 @dataclass
@@ -45,6 +50,8 @@ class PreparedMail:
     parsed: ParsedMail
     raw_ref: StoredRef | None
     refs: list[StoredRef | None] = field(default_factory=list)
+    #: An erased mail read again: nothing of it was stored, nothing will be.
+    erased: bool = False
 
 
 @dataclass
@@ -62,6 +69,9 @@ class GroupCommit:
     committed: list[Committed]
     #: ``LeaseLost`` or ``MailFailed`` for the first mail that did not commit, else None.
     error: LeaseLost | MailFailed | None = None
+    #: Objects stored for mails their statement found erased (an erase that committed while
+    #: they were prepared): to delete unless another mail registered them.
+    orphaned: list[StoredRef] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -71,6 +81,8 @@ class Committed:
     jobs: int
     #: True when the mail was already ingested (same Message-ID and content) and skipped.
     duplicate: bool = False
+    #: True when the mail matched an erased mail's tombstone and was skipped.
+    erased: bool = False
 
 
 #: Mails up to this size are parsed on the event loop (a thread hop costs more), in bytes.
@@ -78,12 +90,17 @@ INLINE_PARSE_BYTES = 64 * 1024
 
 
 async def prepare_group(
-    fetched: list[FetchedMail], *, store: ObjectStore, limits: Limits
+    fetched: list[FetchedMail],
+    *,
+    store: ObjectStore,
+    limits: Limits,
+    erased: ErasedCheck | None = None,
 ) -> PreparedGroup:
     """Parse the mails and put their .eml files and attachments into the store.
 
     All objects of the group go to the store in one ``put_many``. Big mails are
-    parsed in a thread so they never stall the lease heartbeat.
+    parsed in a thread so they never stall the lease heartbeat. A mail ``erased`` knows
+    (``intake.tombstones``) puts nothing into the store.
     """
     parsed: list[tuple[FetchedMail, ParsedMail]] = []
     failure: MailFailed | None = None
@@ -101,10 +118,15 @@ async def prepare_group(
         except Exception as exc:
             failure = MailFailed(mail.uid, None, exc)
             break
+    known = [False] * len(parsed)
+    if erased is not None and parsed:
+        known = await erased([(p.sha256, p.message_id) for _, p in parsed])
     requests: list[PutRequest] = []
     #: For each request: the mail it belongs to and its attachment (None for the .eml).
     owners: list[tuple[int, int | None]] = []
     for index, (mail, p) in enumerate(parsed):
+        if known[index]:
+            continue
         if p.problem is None:  # parsed whole: ``p.sha256`` is the hash of ``mail.raw``
             trimmed = stored_mail(mail.raw, p.attachments)
             data, digest = (
@@ -119,8 +141,8 @@ async def prepare_group(
                 owners.append((index, position))
     outcomes = await store.put_many(requests) if requests else []
     prepared = [
-        PreparedMail(_drop_bytes(mail, p), p, None, [None] * len(p.attachments))
-        for mail, p in parsed
+        PreparedMail(_drop_bytes(mail, p), p, None, [None] * len(p.attachments), gone)
+        for (mail, p), gone in zip(parsed, known, strict=True)
     ]
     ready = len(prepared)
     for (owner, part), outcome in zip(owners, outcomes, strict=True):
@@ -184,7 +206,11 @@ async def commit_group(
                 f"mailbox {claim.mailbox}: lease {claim.lease_id} lost before UID {uid}"
             )
             return outcome
-        if stored.mail_id is None:
+        if stored.erased:
+            outcome.committed.append(Committed(uid, None, 0, erased=True))
+            refs = [prepared.raw_ref, *prepared.refs]
+            outcome.orphaned += [ref for ref in refs if ref is not None]
+        elif stored.mail_id is None:
             outcome.committed.append(Committed(uid, None, 0, duplicate=True))
         else:
             outcome.committed.append(Committed(uid, stored.mail_id, stored.jobs))
@@ -202,8 +228,10 @@ def _mail_write(claim: Claim, prepared: PreparedMail, *, uidvalidity: int) -> Ma
     if raw is not None:
         objects[(raw.bucket, raw.key)] = _object_row(raw, "mail")
     files = []
+    # An erased mail's statement only moves the cursor past it: no object, no file.
+    attachments = [] if prepared.erased else parsed.attachments
     for position, (attachment, ref) in enumerate(
-        zip(parsed.attachments, prepared.refs, strict=True)
+        zip(attachments, prepared.refs[: len(attachments)], strict=True)
     ):
         if ref is not None:
             objects.setdefault((ref.bucket, ref.key), _object_row(ref, "incoming"))
@@ -238,6 +266,8 @@ def _mail_write(claim: Claim, prepared: PreparedMail, *, uidvalidity: int) -> Ma
         uid=prepared.fetched.uid,
         mail={
             "message_id": parsed.message_id,
+            "message_id_sha256": message_id_digest(parsed.message_id),
+            "erased": prepared.erased,
             "sha256": parsed.sha256,
             "sender": parsed.sender,
             "sender_name": parsed.sender_name,

@@ -8,7 +8,9 @@ fails. The data-modifying CTEs run on one snapshot:
 - ``fence`` moves ``last_uid`` only while our lease holds; no row means the
   lease is lost and every insert below is gated off (``go`` is empty);
 - ``known`` is the dedupe (same Message-ID, or none, and same raw bytes, in
-  this cursor), so a mail re-read after a UIDVALIDITY change is not stored twice;
+  this cursor), so a mail re-read after a UIDVALIDITY change is not stored twice,
+  and the tombstone check (same bytes or same Message-ID as an erased mail, in any
+  cursor: ``intake.tombstones``);
 - ``objects`` registers the .eml and the attachments (a no-op DO UPDATE so
   RETURNING yields rows registered before too, like ``register_object``);
 - ``mail`` inserts the row, or completes the row of earlier failed attempts,
@@ -44,9 +46,12 @@ WITH fence AS (
           AND m.content_sha256 = CAST(%(sha256)s AS text)
           AND {same_message_id}
           AND m.status <> 'failed'
-    ) AS duplicate
+    ) AS duplicate, %(erased)s OR EXISTS (
+        SELECT 1 FROM erased_mail e WHERE e.content_sha256 = CAST(%(sha256)s AS text)
+        OR e.message_id_sha256 = CAST(%(message_id_sha256)s AS text)
+    ) AS erased
 ), go AS (
-    SELECT 1 FROM fence, known WHERE NOT known.duplicate
+    SELECT 1 FROM fence, known WHERE NOT known.duplicate AND NOT known.erased
 ), objects AS (
     INSERT INTO stored_object (bucket_role, bucket, key, size, sha256, media_type, created_by)
     SELECT o.bucket_role, o.bucket, o.key, o.size, o.sha256, o.media_type,
@@ -123,6 +128,7 @@ WITH fence AS (
 SELECT
     (SELECT count(*) FROM fence) AS fenced,
     (SELECT duplicate FROM known) AS duplicate,
+    (SELECT erased FROM known) AS erased,
     (SELECT id FROM mail) AS mail_id,
     (SELECT count(*) FROM jobs) AS jobs
 """
@@ -148,7 +154,10 @@ STORE_MAIL_WITHOUT_ID = _compact(_STORE_MAIL.format(same_message_id="m.message_i
 class StoreResult:
     fenced: bool
     duplicate: bool
-    #: None when nothing was inserted (lease lost, duplicate, or the UID was stored already).
+    #: The mail matched an erased mail's tombstone: nothing was inserted.
+    erased: bool
+    #: None when nothing was inserted (lease lost, duplicate, erased, or the UID was stored
+    #: already).
     mail_id: int | None
     jobs: int
 
@@ -297,7 +306,11 @@ def _checked(
 def _result(row: Any) -> StoreResult:
     if row is None:
         raise RuntimeError("store_mail returned no row")
-    fenced, duplicate, mail_id, jobs = row
+    fenced, duplicate, erased, mail_id, jobs = row
     return StoreResult(
-        fenced=bool(fenced), duplicate=bool(duplicate), mail_id=mail_id, jobs=int(jobs)
+        fenced=bool(fenced),
+        duplicate=bool(duplicate),
+        erased=bool(erased),
+        mail_id=mail_id,
+        jobs=int(jobs),
     )

@@ -128,12 +128,14 @@ async def poll_mailbox(name: str, *, settings: IntakeSettings, deps: IntakeDeps)
         f"mails {batch_done_at - claimed_at - result.setup_s:.3f} s, "
         f"finish {time.monotonic() - batch_done_at:.3f} s"
     )
-    if result.ingested or result.duplicates:
+    if result.ingested or result.duplicates or result.erased:
         logger.info(
-            "Mailbox %s: %d mail(s) stored, %d duplicate(s), %d job(s); last UID %d%s (%s)",
+            "Mailbox %s: %d mail(s) stored, %d duplicate(s), %d erased before, %d job(s); "
+            "last UID %d%s (%s)",
             name,
             result.ingested,
             result.duplicates,
+            result.erased,
             result.jobs,
             result.highest_uid,
             ", more waiting" if result.more_waiting else "",

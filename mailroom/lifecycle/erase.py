@@ -4,7 +4,9 @@
 and what was extracted from them), their recognition jobs, documents and the
 channel messages about the mail or its documents, then releases the objects
 nothing else refers to (``lifecycle.objects``) and deletes them from the store
-at once, after the commit. Messages already sent cannot be recalled: their rows
+at once, after the commit. It leaves a tombstone (``erased_mail``: the SHA-256 of the
+mail's bytes and of its Message-ID) so intake never stores it again. Messages already
+sent cannot be recalled: their rows
 go too (they carry the mail's sender and subject), and the audit event keeps
 their ids, so a record of what was sent stays without its content.
 """
@@ -28,6 +30,7 @@ from mailroom.db.models import (
     StoredFile,
 )
 from mailroom.errors import MailNotFound, MailOnLegalHold
+from mailroom.intake.tombstones import tombstone
 from mailroom.lifecycle.objects import DeletionReport, delete_queued_objects, release_objects
 
 #: ``action`` of the audit events the operator commands leave.
@@ -107,6 +110,9 @@ async def _erase_rows(
     )
     await session.execute(delete(StoredFile).where(StoredFile.id.in_(file_ids)))
     await session.execute(delete(InboundMail).where(InboundMail.id == mail.id))
+    # What intake knows it by if it is read again (intake.tombstones): hashes, no content.
+    if (gone := tombstone(mail.content_sha256, mail.message_id)) is not None:
+        session.add(gone)
     queued = await release_objects(session, object_ids)
     report = EraseReport(
         mail.id,

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.integration
 
 #: The tables the statement reads or writes that grow with every mail (mailbox_cursor has a
 #: row per mailbox: a few pages, which Postgres rightly reads whole).
-GROWING = {"inbound_mail", "stored_object", "stored_file", "recognition_job"}
+GROWING = {"inbound_mail", "stored_object", "stored_file", "recognition_job", "erased_mail"}
 
 
 def _numbered(statement: str) -> str:
@@ -64,6 +64,12 @@ async def test_the_generic_plan_of_a_mails_statement_finds_rows_by_key(db_sessio
                 "JOIN stored_object AS o ON o.key = 'mail/' || n"
             )
         )
+        await connection.execute(
+            text(
+                "INSERT INTO erased_mail (content_sha256, message_id_sha256) "
+                "SELECT md5((-n)::text), md5(n::text) FROM generate_series(1, 20000) AS n"
+            )
+        )
         for table in (*GROWING, "mailbox_cursor"):
             await connection.execute(text(f"ANALYZE {table}"))
         [plan] = (
@@ -86,6 +92,8 @@ def _write(cursor_id: int, lease_id: uuid.UUID, uid: int) -> MailWrite:
         uid=uid,
         mail={
             "message_id": f"<{uid}@example.org>",
+            "message_id_sha256": None,
+            "erased": False,
             "sha256": f"{uid:064x}",
             "sender": "a@example.org",
             "sender_name": None,

@@ -203,3 +203,25 @@ class StoredFile(Base):
     type_rule: Mapped[str | None] = mapped_column(String(20))
     created_at: Mapped[datetime] = now_column()
     updated_at: Mapped[datetime] = now_column()
+
+
+class ErasedMail(Base):
+    """What is left of an erased mail: enough to know it again, nothing of its content.
+
+    Intake skips a mail that matches one (same content, or same Message-ID), wherever it is
+    read again: a cursor moved back, a changed UIDVALIDITY, a copy in another folder.
+    """
+
+    __tablename__ = "erased_mail"
+    __table_args__ = (
+        CheckConstraint(
+            "content_sha256 IS NOT NULL OR message_id_sha256 IS NOT NULL", name="something"
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    #: SHA-256 of the mail as received (``inbound_mail.content_sha256``).
+    content_sha256: Mapped[str | None] = mapped_column(String(64), index=True)
+    #: SHA-256 of its Message-ID (the identifier itself is not kept).
+    message_id_sha256: Mapped[str | None] = mapped_column(String(64), index=True)
+    erased_at: Mapped[datetime] = now_column()
