@@ -73,6 +73,10 @@ def test_broker_sends_ride_a_failover(redis_sentinels, tmp_path):
     settings.redis = _settings(redis_sentinels)
     settings.broker.kind = "redis"
     settings.broker.namespace = "sentinel-test"
+    # A send budget longer than any failover the fixture waits for: the promotion took
+    # 2 to 5 s alone but over 10 s on a machine loaded by other test processes, and the test
+    # is about sends riding it, not about how long the default budget is
+    settings.broker.send_retry_s = 60.0
     broker = broker_for(settings, [])
     queue = "sentinel_test"
     broker.declare_queue(queue)
