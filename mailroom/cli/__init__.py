@@ -27,6 +27,7 @@ class MailroomCommands(LazyGroup):
         "recognition": "mailroom.cli.recognition:app",
         "recognizer": "mailroom.cli.recognizer:app",
         "review": "mailroom.cli.review:app",
+        "console": "mailroom.cli.console:console",
         "delivery": "mailroom.cli.delivery:app",
         "dead-letters": "mailroom.cli.dead_letters:app",
         "mailboxes": "mailroom.cli.runtime_config:mailboxes_app",

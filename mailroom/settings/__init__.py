@@ -41,6 +41,7 @@ from mailroom.settings.base import (
     TlsFiles,
 )
 from mailroom.settings.checks import StrictEnvSource
+from mailroom.settings.console import ConsoleSettings
 from mailroom.settings.delivery import (
     DeliverySettings,
     EmailAccount,
@@ -84,6 +85,7 @@ __all__ = [
     "ROUTE_PLACEHOLDERS",
     "SMTP_PORTS",
     "BrokerSettings",
+    "ConsoleSettings",
     "DatabaseSettings",
     "DeliverySettings",
     "EmailAccount",
@@ -135,6 +137,7 @@ class Settings(BaseSettings):
     runtime_config: RuntimeConfigSettings = RuntimeConfigSettings()
     sentry: SentrySettings = SentrySettings()
     metrics: MetricsSettings = MetricsSettings()
+    console: ConsoleSettings = ConsoleSettings()
 
     @classmethod
     def settings_customise_sources(

@@ -20,6 +20,22 @@ from mailroom.settings import RecognitionSettings
 #: File statuses an operator reviews.
 REVIEWABLE = ("NEEDS_CHECK", "ERROR")
 
+#: Why a file waits, as a filter: the document misses a required field, has a field below
+#: the confidence threshold, or the file's recognition failed.
+REASONS = ("missing", "low_confidence", "error")
+
+
+@dataclass(frozen=True)
+class ReviewFilter:
+    """Which waiting files to list; every filter left empty matches all."""
+
+    mailbox: str | None = None
+    #: Part of the sender's address, any case.
+    sender: str | None = None
+    document_type: str | None = None
+    #: One of ``REASONS``.
+    reason: str | None = None
+
 
 @dataclass
 class ReviewDocument:
@@ -54,6 +70,10 @@ class ReviewItem:
     error_code: str | None
     updated_at: datetime
     document: ReviewDocument | None = None
+    #: The mail the file came in: who sent it, its subject and when it was received.
+    sender: str | None = None
+    subject: str | None = None
+    received_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -87,7 +107,8 @@ class ReviewFile:
 
 _FILES = """
     SELECT f.id AS file_id, f.status, f.original_name, f.status_reason, f.updated_at,
-           f.mail_id, c.mailbox, j.id AS job_id, j.attempt, j.error_code,
+           f.mail_id, c.mailbox, m.sender, m.subject,
+           COALESCE(m.internal_date, m.created_at) AS received_at, j.id AS job_id, j.attempt, j.error_code,
            o.bucket, o.key,
            d.id AS document_id, dj.attempt AS document_attempt, d.document_type, d.fields,
            d.field_confidence, d.missing_fields, d.low_confidence_fields
@@ -107,6 +128,16 @@ _LIST = text(
     + """
      WHERE f.status = ANY(:statuses)
        AND (CAST(:mailbox AS text) IS NULL OR c.mailbox = CAST(:mailbox AS text))
+       AND (CAST(:sender AS text) IS NULL
+            OR strpos(lower(m.sender), lower(CAST(:sender AS text))) > 0)
+       AND (CAST(:document_type AS text) IS NULL
+            OR d.document_type = CAST(:document_type AS text))
+       AND (CAST(:reason AS text) IS NULL
+            OR (CAST(:reason AS text) = 'missing' AND jsonb_array_length(d.missing_fields) > 0)
+            OR (CAST(:reason AS text) = 'low_confidence' AND jsonb_array_length(d.low_confidence_fields) > 0)
+            OR (CAST(:reason AS text) = 'error' AND f.status = 'ERROR'))
+       AND (CAST(:after_at AS timestamptz) IS NULL
+            OR (f.updated_at, f.id) > (CAST(:after_at AS timestamptz), :after_id))
      ORDER BY f.updated_at, f.id
      LIMIT :limit
     """
@@ -133,10 +164,26 @@ async def list_review_items(
     limit: int,
     statuses: tuple[str, ...] = REVIEWABLE,
     mailbox: str | None = None,
+    where: ReviewFilter | None = None,
+    after: tuple[datetime, int] | None = None,
 ) -> list[ReviewItem]:
-    """Up to ``limit`` files in ``statuses`` (oldest change first), optionally of one mailbox."""
+    """Up to ``limit`` files in ``statuses`` (oldest change first) that ``where`` matches.
+
+    ``after`` (a file's ``updated_at`` and id): only the files queued behind that place.
+    """
+    where = where or ReviewFilter(mailbox=mailbox)
     rows = await session.execute(
-        _LIST, {"statuses": list(statuses), "mailbox": mailbox, "limit": limit}
+        _LIST,
+        {
+            "statuses": list(statuses),
+            "mailbox": where.mailbox or mailbox,
+            "sender": where.sender or None,
+            "document_type": where.document_type or None,
+            "reason": where.reason or None,
+            "after_at": after[0] if after else None,
+            "after_id": after[1] if after else 0,
+            "limit": limit,
+        },
     )
     return [_item(row) for row in rows]
 
@@ -199,4 +246,7 @@ def _item(row: Any) -> ReviewItem:
         error_code=row.error_code,
         updated_at=row.updated_at,
         document=document,
+        sender=row.sender,
+        subject=row.subject,
+        received_at=row.received_at,
     )
