@@ -26,6 +26,7 @@ class MailroomCommands(LazyGroup):
         "intake": "mailroom.cli.intake:app",
         "recognition": "mailroom.cli.recognition:app",
         "recognizer": "mailroom.cli.recognizer:app",
+        "nats": "mailroom.cli.nats_admin:app",
         "review": "mailroom.cli.review:app",
         "console": "mailroom.cli.console:console",
         "delivery": "mailroom.cli.delivery:app",

@@ -20,6 +20,7 @@ def test_the_cluster_configuration_is_valid_for_each_server(name):
     env = {
         **os.environ,
         "NATS_SERVER_NAME": name,
+        "MAILROOM_NATS_ADMIN_PASSWORD": "p0",
         "MAILROOM_NATS_PASSWORD": "p1",
         "RECOGNIZER_NATS_PASSWORD": "p2",
     }

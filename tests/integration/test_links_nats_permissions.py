@@ -1,9 +1,12 @@
 """Trusted results: nats-server runs deploy/nats-server.conf (on a free port and a temporary
-store), Mailroom works with its user, and only the recognizer's user can publish a result."""
+store), `mailroom nats setup` makes the stream and consumer with the administrator's login,
+Mailroom works with its runtime user, which cannot change JetStream, and only the recognizer's
+user can publish a result."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -21,12 +24,17 @@ pytestmark = pytest.mark.integration
 
 DEPLOY_CONFIG = Path(__file__).parents[2] / "deploy" / "nats-server.conf"
 DEPLOY_STORE_DIR = "store_dir: /data/jetstream"
-PASSWORDS = {"mailroom": "mailroom-pass-1", "recognizer": "recognizer-pass-2"}
+PASSWORDS = {
+    "mailroom-admin": "admin-pass-0",
+    "mailroom": "mailroom-pass-1",
+    "recognizer": "recognizer-pass-2",
+}
 
 
 @pytest.fixture(scope="module")
 def deployed_nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConfiguredNats]:
     env = {
+        "MAILROOM_NATS_ADMIN_PASSWORD": PASSWORDS["mailroom-admin"],
         "MAILROOM_NATS_PASSWORD": PASSWORDS["mailroom"],
         "RECOGNIZER_NATS_PASSWORD": PASSWORDS["recognizer"],
     }
@@ -89,10 +97,22 @@ async def connect_as(deployed_nats) -> AsyncIterator:
         await side.nc.close()
 
 
+async def _set_up(server: ConfiguredNats) -> list[str]:
+    """What `mailroom nats setup` does, with the administrator's login."""
+    admin = NatsClient(_settings(server, "mailroom-admin"), name="mailroom-nats-setup")
+    await admin.connect()
+    try:
+        return await admin.set_up()
+    finally:
+        await admin.close()
+
+
 @pytest.fixture
 async def mailroom(deployed_nats) -> AsyncIterator[NatsClient]:
-    client = NatsClient(_settings(deployed_nats, "mailroom"), name="mailroom-test")
-    await client.connect()  # JetStream: creates or aligns the stream under its permissions
+    await _set_up(deployed_nats)
+    runtime = _settings(deployed_nats, "mailroom", manage_stream=False)
+    client = NatsClient(runtime, name="mailroom-test")
+    await client.connect()  # checks that the stream and the inbox consumer exist
     yield client
     await client.close()
 
@@ -196,3 +216,91 @@ async def test_the_recognizers_answers_are_acknowledged_by_the_stream(mailroom, 
         assert errors.empty()
     finally:
         await nc.close()
+
+
+async def test_nats_setup_makes_the_stream_and_consumer_with_the_administrators_login(
+    deployed_nats, monkeypatch
+):
+    from typer.testing import CliRunner
+
+    from mailroom.cli import app
+
+    for name, value in {
+        "URL": deployed_nats.url_for(),
+        "USER": "mailroom-admin",
+        "PASSWORD": PASSWORDS["mailroom-admin"],
+    }.items():
+        monkeypatch.setenv(f"MAILROOM_NATS__{name}", value)
+    result = await asyncio.to_thread(CliRunner().invoke, app, ["nats", "setup"])
+
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0].startswith(
+        "stream MAILROOM_FILES: files.tabular_uploaded, files.img_uploaded, files.tabular_parsed"
+    )
+    assert lines[1].startswith("consumer mailroom-inbox of MAILROOM_FILES: ")
+    assert "durable pull on files.tabular_parsed" in lines[1]
+    # Run again, it changes nothing and says so.
+    assert (await _set_up(deployed_nats))[1].startswith(
+        "consumer mailroom-inbox of MAILROOM_FILES: exists"
+    )
+
+
+async def test_the_runtime_user_reads_its_consumers_state(mailroom):
+    assert await mailroom.inbox_backlog() is not None  # CONSUMER.INFO, for the gate
+
+
+#: JetStream calls that change the stream or its consumers, each refused to the runtime user.
+CHANGES = [
+    "$JS.API.STREAM.UPDATE.MAILROOM_FILES",
+    "$JS.API.STREAM.DELETE.MAILROOM_FILES",
+    "$JS.API.STREAM.PURGE.MAILROOM_FILES",
+    "$JS.API.STREAM.CREATE.SHADOW",
+    "$JS.API.CONSUMER.CREATE.MAILROOM_FILES.spy",
+    "$JS.API.CONSUMER.DURABLE.CREATE.MAILROOM_FILES.spy",
+    "$JS.API.CONSUMER.DELETE.MAILROOM_FILES.mailroom-inbox",
+]
+
+
+@pytest.mark.parametrize("subject", CHANGES)
+async def test_the_runtime_user_cannot_change_the_stream_or_its_consumers(
+    mailroom, connect_as, subject
+):
+    runtime = await connect_as("mailroom")
+    await runtime.nc.publish(subject, b"{}")
+    assert f'publish to "{subject.lower()}"' in (await runtime.violation()).lower()
+
+
+async def test_a_subject_transform_cannot_turn_mailrooms_requests_into_results(
+    mailroom, connect_as
+):
+    """The runtime user reads the stream's config, adds a transform that would store requests
+    as results, then publishes a result-shaped request: the server refuses the change, and the
+    inbox's consumer sees only the recognizer's result."""
+    settings = mailroom.settings
+    intruder, recognizer = await connect_as("mailroom"), await connect_as("recognizer")
+    stream = f"$JS.API.STREAM.INFO.{settings.stream_name}"
+    config = json.loads((await intruder.nc.request(stream, b"", timeout=5.0)).data)["config"]
+    config["subject_transform"] = {"src": "files.img_uploaded", "dest": "files.tabular_parsed"}
+
+    update = f"$JS.API.STREAM.UPDATE.{settings.stream_name}"
+    with pytest.raises(nats.errors.TimeoutError):
+        reply = await intruder.nc.request(update, json.dumps(config).encode(), timeout=2.0)
+        pytest.fail(f"the stream took the runtime user's change: {reply.data[:200]!r}")
+    assert "permissions violation for publish" in (await intruder.violation()).lower()
+    after = json.loads((await intruder.nc.request(stream, b"", timeout=5.0)).data)["config"]
+    assert "subject_transform" not in after
+
+    results = await mailroom.subscribe_results()
+    try:
+        job = uuid.uuid4()
+        forged = json.dumps({"job_id": str(job), "file_id": 1, "status": "error"}).encode()
+        request = OutgoingMessage(settings.image_subject, forged, f"{job}:1:result")
+        await mailroom.publish(request)  # a request subject: allowed, and stored as a request
+        genuine = f"genuine {uuid.uuid4().hex}".encode()
+        await recognizer.nc.publish(settings.results_subject, genuine)
+        await recognizer.nc.flush()
+        seen = await _fetch_all_until(results, genuine)
+        assert forged not in seen
+    finally:
+        await results.close()

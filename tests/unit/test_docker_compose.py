@@ -38,7 +38,7 @@ IMAGE_PORTS = {
 #: GreenMail's standard ports; ``-Dgreenmail.setup.test.*`` adds 3000 to each.
 GREENMAIL_PORTS = {"smtp": 25, "pop3": 110, "imap": 143, "smtps": 465, "imaps": 993, "pop3s": 995}
 #: Services that run once and are done: their dependents wait for them to complete.
-ONE_SHOT = {"migrate"}
+ONE_SHOT = {"migrate", "nats-setup"}
 #: What a Mailroom process healthcheck runs: a GET of its metrics endpoint on loopback.
 HEALTH_URL = re.compile(r"urlopen\('http://127\.0\.0\.1:(\d+)/metrics'")
 
@@ -124,7 +124,7 @@ def settings_of(monkeypatch):
 
 def test_every_part_of_the_system_has_a_service():
     services = _services()
-    assert {"postgres", "redis", "nats", "minio", "mail", "migrate"} <= set(services)
+    assert {"postgres", "redis", "nats", "minio", "mail", "migrate", "nats-setup"} <= set(services)
     commands = [s["command"] for s in _mailroom_services().values()]
     for process in (
         ["bridge", "nats"],
@@ -139,6 +139,20 @@ def test_every_part_of_the_system_has_a_service():
     assert sorted(q[0] for q in queues) == sorted(QUEUES), "every queue needs its worker service"
     assert "--appendonly" in services["redis"]["command"]
     assert "-js" in services["nats"]["command"]
+
+
+def test_nats_is_set_up_by_the_administrator_and_the_processes_cannot_change_it(settings_of):
+    services = _services()
+    setup = services["nats-setup"]
+    assert setup["command"] == ["nats", "setup"]
+    assert settings_of(setup).nats.user == "mailroom-admin"
+    for name, service in _mailroom_services().items():
+        if name in ONE_SHOT:
+            continue
+        nats = settings_of(service).nats
+        assert nats.user in ("mailroom", "recognizer"), f"{name}: logs in as {nats.user!r}"
+        assert not nats.manage_stream, f"{name}: may create or change the stream"
+        assert "nats-setup" in service["depends_on"], f"{name}: starts before nats setup"
 
 
 def test_every_mailroom_command_exists_and_every_variable_is_a_setting():
@@ -237,7 +251,9 @@ def test_processes_wait_for_what_they_reach(settings_of):
             urlsplit(settings.database.url).hostname,
             urlsplit(settings.storage.s3_endpoint_url or "").hostname,
         }
-        if name not in ONE_SHOT:  # migrate reaches the database and the buckets only
+        if name == "nats-setup":  # reaches NATS only
+            hosts = {urlsplit(settings.nats.url).hostname}
+        elif name not in ONE_SHOT:  # migrate reaches the database and the buckets only
             urls = [settings.redis.url, settings.nats.url]
             hosts |= {urlsplit(url or "").hostname for url in urls}
             hosts |= {m.host for m in settings.intake.mailboxes}

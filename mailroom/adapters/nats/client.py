@@ -25,7 +25,7 @@ from mailroom.adapters.nats.publisher import (
     publish_core,
     publish_jetstream,
 )
-from mailroom.adapters.nats.stream import ensure_stream
+from mailroom.adapters.nats.stream import ensure_stream, set_up_stream
 from mailroom.adapters.nats.subscriptions import (
     ResultSubscription,
     subscribe_core,
@@ -145,6 +145,10 @@ class NatsClient:
     async def ensure_stream(self) -> None:
         """Create the stream over request and result subjects when missing (``stream``)."""
         await ensure_stream(self._require_js(), self.settings, self.stream_subjects)
+
+    async def set_up(self) -> list[str]:
+        """Create or align the stream and the inbox consumer (``mailroom nats setup``)."""
+        return await set_up_stream(self._require_js(), self.settings, self.stream_subjects)
 
     async def publish(self, message: OutgoingMessage) -> PublishAck:
         """Publish one message and confirm it (flush or JetStream ack)."""

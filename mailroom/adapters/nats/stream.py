@@ -4,7 +4,10 @@ An operator may create the stream (replicas, limits, subjects) before Mailroom f
 connects. Mailroom then only adds the subjects the stream lacks, and refuses, in one line,
 a stream whose replicas or storage differ from what the settings ask: changing them would
 shrink or move the operator's data. With ``nats.manage_stream`` false it creates and
-changes nothing and only checks that the stream and the inbox consumer exist.
+changes nothing and only checks that the stream and the inbox consumer exist: they are made
+by ``set_up_stream`` (``mailroom nats setup``), an administrator's step, so Mailroom's runtime
+user needs no right to change JetStream (a user who may edit the stream may also add a subject
+transform that stores requests as results).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import nats.js.errors
 from nats.js import JetStreamContext
 from nats.js.api import StorageType, StreamConfig, StreamInfo
 
+from mailroom.adapters.nats.subscriptions import inbox_consumer_config
 from mailroom.adapters.nats.translate import translate_errors
 from mailroom.errors import NatsConfigError
 from mailroom.settings import NatsSettings
@@ -58,6 +62,39 @@ async def ensure_stream(js: JetStreamContext, settings: NatsSettings, subjects: 
             await js.update_stream(config)
         if not settings.manage_stream:
             await _require_consumer(js, settings)
+
+
+async def set_up_stream(
+    js: JetStreamContext, settings: NatsSettings, subjects: list[str]
+) -> list[str]:
+    """Create or align the stream and create the inbox consumer; one line on each, as it is.
+
+    Raises:
+        NatsConfigError: as ``ensure_stream``, or the inbox consumer exists on another subject.
+    """
+    name, durable = settings.stream_name, settings.inbox_durable
+    await ensure_stream(js, settings.model_copy(update={"manage_stream": True}), subjects)
+    wanted = inbox_consumer_config(settings)
+    with translate_errors(f"consumer {durable}"):
+        try:
+            consumer = await js.consumer_info(name, durable)
+            done = "exists"
+        except nats.js.errors.NotFoundError:
+            consumer = await js.add_consumer(name, wanted)
+            done = "created"
+        stream = await js.stream_info(name)
+    if consumer.config.filter_subject != wanted.filter_subject:
+        raise NatsConfigError(
+            f"consumer {durable} of stream {name} reads {consumer.config.filter_subject!r}, "
+            f"not the results subject {wanted.filter_subject!r}: delete it and run this again"
+        )
+    replicas = stream.config.num_replicas or 1
+    return [
+        f"stream {name}: {', '.join(stream.config.subjects or [])} "
+        f"({replicas} {'replica' if replicas == 1 else 'replicas'}, file storage)",
+        f"consumer {durable} of {name}: {done} (durable pull on {wanted.filter_subject}, "
+        "explicit ack)",
+    ]
 
 
 def _new_config(settings: NatsSettings, subjects: list[str]) -> StreamConfig:

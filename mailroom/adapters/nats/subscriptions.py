@@ -43,17 +43,23 @@ class ResultSubscription(Protocol):
     async def close(self) -> None: ...
 
 
-async def subscribe_pull(js: JetStreamContext, settings: NatsSettings) -> ResultSubscription:
-    """The durable pull consumer of the results subject, created or bound."""
+def inbox_consumer_config(settings: NatsSettings) -> ConsumerConfig:
+    """The inbox's durable pull consumer: every answer on the results subject, acked one by one."""
     s = settings
-    subject = s.subject(s.results_subject)
-    config = ConsumerConfig(
+    return ConsumerConfig(
         durable_name=s.inbox_durable,
         ack_policy=AckPolicy.EXPLICIT,
         deliver_policy=DeliverPolicy.ALL,
         ack_wait=s.bridge_ack_wait_s,
-        filter_subject=subject,
+        filter_subject=s.subject(s.results_subject),
     )
+
+
+async def subscribe_pull(js: JetStreamContext, settings: NatsSettings) -> ResultSubscription:
+    """The durable pull consumer of the results subject, created or bound."""
+    s = settings
+    subject = s.subject(s.results_subject)
+    config = inbox_consumer_config(s)
     with translate_errors(f"consumer {s.inbox_durable}"):
         if not s.manage_stream:
             # The operator owns the consumer (ensure_stream checked it exists): bind only.
