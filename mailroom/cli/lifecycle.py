@@ -75,7 +75,8 @@ def erase(mail: int = MAIL_ID, operator: str | None = OPERATOR) -> None:
     typer.echo(
         f"erased mail {mail}: {report.files} file(s), {report.jobs} job(s), "
         f"{report.documents} document(s), {report.channel_messages} notification(s), "
-        f"{deletion.deleted if deletion else 0} object(s) deleted"
+        f"{deletion.deleted if deletion else 0} object(s) deleted, "
+        f"{report.audit_rows_scrubbed} audit row(s) scrubbed"
     )
     if deletion and deletion.failed:
         typer.echo(

@@ -30,8 +30,10 @@ from mailroom.db.models import (
     StoredFile,
 )
 from mailroom.errors import MailNotFound, MailOnLegalHold
+from mailroom.intake.audit import cursor_target
 from mailroom.intake.tombstones import tombstone
 from mailroom.lifecycle.objects import DeletionReport, delete_queued_objects, release_objects
+from mailroom.lifecycle.scrub import ErasedRecords, scrub_audit
 
 #: ``action`` of the audit events the operator commands leave.
 ERASE_ACTION = "intake.erase"
@@ -48,6 +50,8 @@ class EraseReport:
     jobs: int = 0
     documents: int = 0
     channel_messages: int = 0
+    #: Audit rows about the mail whose content was removed (who, what and when stay).
+    audit_rows_scrubbed: int = 0
     objects_queued: int = 0
     deletion: DeletionReport | None = None
 
@@ -97,9 +101,14 @@ async def _erase_rows(
             )
         )
     )
-    mailbox = await session.scalar(
-        select(MailboxCursor.mailbox).where(MailboxCursor.id == mail.cursor_id)
-    )
+    cursor = (
+        await session.execute(
+            select(MailboxCursor.mailbox, MailboxCursor.folder).where(
+                MailboxCursor.id == mail.cursor_id
+            )
+        )
+    ).one_or_none()
+    mailbox = cursor.mailbox if cursor else None
     object_ids = [mail.raw_object_id, *file_objects, *(job.result_object_id for job in jobs)]
     # Children before parents: messages, documents, jobs, files (unlinked first), the mail.
     await session.execute(delete(ChannelMessage).where(ChannelMessage.id.in_(message_ids)))
@@ -114,6 +123,19 @@ async def _erase_rows(
     if (gone := tombstone(mail.content_sha256, mail.message_id)) is not None:
         session.add(gone)
     queued = await release_objects(session, object_ids)
+    scrubbed = await scrub_audit(
+        session,
+        ErasedRecords(
+            mail_id=mail.id,
+            file_ids=file_ids,
+            job_ids=[str(job.id) for job in jobs],
+            document_ids=document_ids,
+            channel_message_ids=message_ids,
+            cursor_target=cursor_target(cursor.mailbox, cursor.folder) if cursor else None,
+            uidvalidity=mail.uidvalidity,
+            uid=mail.uid,
+        ),
+    )
     report = EraseReport(
         mail.id,
         True,
@@ -121,6 +143,7 @@ async def _erase_rows(
         jobs=len(jobs),
         documents=len(document_ids),
         channel_messages=len(message_ids),
+        audit_rows_scrubbed=scrubbed,
         objects_queued=len(queued),
     )
     # Ids and counts only: nothing of the mail's content (sender, subject) is kept.
@@ -137,6 +160,7 @@ async def _erase_rows(
             "document_ids": document_ids,
             "channel_message_ids": message_ids,
             "objects_queued": len(queued),
+            "audit_rows_scrubbed": scrubbed,
             "purged_before": mail.purged_at is not None,
         },
     )

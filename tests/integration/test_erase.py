@@ -9,6 +9,8 @@ from sqlalchemy import func, select
 from typer.testing import CliRunner
 
 from mailroom.cli import app
+from mailroom.db.audit import add_audit_event
+from mailroom.db.engine import transaction
 from mailroom.db.models import (
     AuditEvent,
     ChannelMessage,
@@ -134,3 +136,52 @@ async def test_the_cli_holds_refuses_releases_erases_and_says_nothing_is_left(cl
     assert again.exit_code == 0 and "nothing to erase" in again.output
     unknown = await run("hold")
     assert unknown.exit_code == 1 and f"no mail {mail}" in unknown.output
+
+
+async def test_erase_scrubs_the_audit_rows_about_the_mail_and_leaves_the_others(lifecycle_world):
+    world = lifecycle_world
+    erased = await world.mail(age_days=1)
+    other = await world.mail(age_days=1)
+    blocked = {"uidvalidity": 1, "message_id": "<jane@example.com>", "error": "Jane's IBAN"}
+    async with transaction(world.sessions) as session:
+        for uid in (erased_uid := 1, other_uid := 2):
+            add_audit_event(
+                session,
+                actor_type="system",
+                actor_id="host-1",
+                action="intake.cursor_blocked",
+                target="mailbox:billing/INBOX",
+                detail={"uid": uid, "retry_count": 5, **blocked},
+            )
+        for job in (erased.job_id, other.job_id):
+            add_audit_event(
+                session,
+                actor_type="operator",
+                actor_id="bob",
+                action="recognition.replayed",
+                target=f"recognition_job:{job}",
+                detail={"attempt": 2, "reason": "Jane Roe's payslip was cut"},
+            )
+
+    report = await erase_mail(world.sessions, world.store, erased.mail_id, operator="dpo")
+
+    assert report.audit_rows_scrubbed == 2
+    rows = {(e.action, e.target, e.detail.get("uid")): e for e in await _all_events(world)}
+    scrubbed = rows[("intake.cursor_blocked", "mailbox:billing/INBOX", erased_uid)].detail
+    assert scrubbed == {
+        "uid": 1,
+        "uidvalidity": 1,
+        "retry_count": 5,
+        "scrubbed": "content removed by erasure",
+    }
+    assert rows[("intake.cursor_blocked", "mailbox:billing/INBOX", other_uid)].detail["error"]
+    replayed = rows[("recognition.replayed", f"recognition_job:{erased.job_id}", None)]
+    assert replayed.detail == {"attempt": 2, "scrubbed": "content removed by erasure"}
+    assert replayed.actor_id == "bob"
+    untouched = rows[("recognition.replayed", f"recognition_job:{other.job_id}", None)]
+    assert "Jane" in untouched.detail["reason"]
+
+
+async def _all_events(world):
+    async with world.sessions() as session:
+        return list(await session.scalars(select(AuditEvent)))

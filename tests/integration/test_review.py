@@ -305,3 +305,38 @@ async def test_second_operator_at_once_gets_a_conflict_not_a_lost_update(
         "ON f.current_recognition_job_id = d.job_id"
     )
     assert doc["fields"]["customer_id"] == "A-1"
+
+
+async def test_erase_removes_a_corrections_values_from_its_audit_row_and_keeps_who_and_when(
+    db_sessions, recognition_factory, settings, needs_check
+):
+    from mailroom.lifecycle.erase import erase_mail
+
+    async with transaction(db_sessions) as session:
+        await correct_file(
+            session,
+            needs_check.file_id,
+            {"customer_id": "C-SECRET-9"},
+            operator="alice",
+            settings=settings.recognition,
+        )
+    query = "SELECT * FROM audit_event WHERE action = 'review.corrected'"
+    [before] = await recognition_factory.rows(query)
+    assert "C-SECRET-9" in json.dumps(before["detail"]), "the row quotes the value until erased"
+
+    report = await erase_mail(
+        db_sessions, build_store(settings), needs_check.mail_id, operator="dpo"
+    )
+
+    assert report.erased and report.audit_rows_scrubbed == 1
+    [after] = await recognition_factory.rows(query)
+    assert "C-SECRET-9" not in json.dumps(after["detail"])
+    assert after["detail"]["changed_fields"] == ["customer_id"]
+    assert after["detail"]["previous_job_id"] == str(needs_check.job_id)
+    assert after["detail"]["scrubbed"] == "content removed by erasure"
+    kept = ("id", "actor_type", "actor_id", "action", "target", "created_at")
+    assert {k: after[k] for k in kept} == {k: before[k] for k in kept}
+    [erase] = await recognition_factory.rows(
+        "SELECT * FROM audit_event WHERE action = 'intake.erase'"
+    )
+    assert erase["detail"]["audit_rows_scrubbed"] == 1 and "scrubbed" not in erase["detail"]
