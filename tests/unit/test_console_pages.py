@@ -52,7 +52,7 @@ def test_the_console_refuses_to_start_with_settings_that_leave_it_open(console, 
 
 
 def test_a_proxy_list_with_a_mistyped_address_fails_at_load():
-    with pytest.raises(ValueError, match="'10.0.0.300' is not an address or network"):
+    with pytest.raises(ValueError, match=r"'10\.0\.0\.300' is not an address or network"):
         ConsoleSettings(trusted_proxies=["10.0.0.300"])
 
 
