@@ -190,5 +190,6 @@ def reset(
 
 # Erasure and legal hold of one mail.
 app.command()(lifecycle.erase)
+app.command()(lifecycle.export)
 app.command()(lifecycle.hold)
 app.command()(lifecycle.release)

@@ -1,9 +1,10 @@
-"""`mailroom intake erase | hold | release`: erasure of one mail and its legal hold."""
+"""`mailroom intake erase | export | hold | release`: erasure, a sender's export, legal hold."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import TypeVar
 
 import typer
@@ -18,6 +19,10 @@ from mailroom.settings import Settings
 T = TypeVar("T")
 
 MAIL_ID = typer.Option(..., "--mail", help="The inbound mail's id (mailroom status, audit rows).")
+ERASE_MAIL_ID = typer.Option(None, "--mail", help="One inbound mail's id.")
+SENDER = typer.Option(
+    None, "--sender", help="Every mail from this address (the From address, any case)."
+)
 OPERATOR = typer.Option(
     None, "--operator", help="Who asks, for the audit row (default: the OS user)."
 )
@@ -55,14 +60,27 @@ def _refuse(exc: PermanentError) -> None:
     raise typer.Exit(1)
 
 
-def erase(mail: int = MAIL_ID, operator: str | None = OPERATOR) -> None:
-    """Erase one mail: its body, files, jobs, results, documents and notifications.
+def erase(
+    mail: int | None = ERASE_MAIL_ID,
+    sender: str | None = SENDER,
+    operator: str | None = OPERATOR,
+) -> None:
+    """Erase one mail (--mail) or every mail from an address (--sender): body, files, jobs,
+    results, documents, notifications, and their content in the audit trail.
 
-    Objects other mails share (same content) stay. A mail on legal hold is refused.
+    Objects other mails share (same content) stay. A mail on legal hold is refused (kept, with
+    --sender). An erased mail is never read in again.
     """
     from mailroom.lifecycle.erase import erase_mail
 
+    if (mail is None) == (sender is None):
+        _refuse(PermanentError("give either --mail ID or --sender ADDRESS"))
+        return
     who = _operator(operator)
+    if sender is not None:
+        _erase_sender(sender, who)
+        return
+    assert mail is not None
     try:
         report = _run(Settings(), lambda s, store: erase_mail(s, store, mail, operator=who))
     except PermanentError as exc:
@@ -78,11 +96,61 @@ def erase(mail: int = MAIL_ID, operator: str | None = OPERATOR) -> None:
         f"{deletion.deleted if deletion else 0} object(s) deleted, "
         f"{report.audit_rows_scrubbed} audit row(s) scrubbed"
     )
-    if deletion and deletion.failed:
+    _tell_failed(deletion.failed if deletion else 0)
+
+
+def _tell_failed(failed: int) -> None:
+    if failed:
         typer.echo(
-            f"{deletion.failed} object(s) could not be deleted now; the retention pass "
-            "retries them",
+            f"{failed} object(s) could not be deleted now; the retention pass retries them",
             err=True,
+        )
+
+
+def _erase_sender(sender: str, who: str) -> None:
+    from mailroom.lifecycle.sender import erase_sender
+
+    try:
+        report = _run(Settings(), lambda s, store: erase_sender(s, store, sender, operator=who))
+    except PermanentError as exc:
+        _refuse(exc)
+        return
+    typer.echo(
+        f"erased {report.mails} mail(s) from {sender}: {report.files} file(s), "
+        f"{report.jobs} job(s), {report.documents} document(s), "
+        f"{report.channel_messages} notification(s), {report.objects_deleted} object(s) "
+        f"deleted, {report.audit_rows_scrubbed} audit row(s) scrubbed"
+    )
+    if report.held:
+        held = ", ".join(str(i) for i in report.held)
+        typer.echo(f"kept {len(report.held)} mail(s) on legal hold: {held}")
+    _tell_failed(report.objects_failed)
+
+
+def export(
+    sender: str = typer.Option(..., "--sender", help="The data subject's address (any case)."),
+    out: Path = typer.Option(..., "--out", help="The zip to write (replaced if it exists)."),
+    operator: str | None = OPERATOR,
+) -> None:
+    """Export every mail from an address, its files, documents and notifications, as a zip
+    with a manifest (a data subject's access request). Audit-logged; safe to run again."""
+    from mailroom.lifecycle.export import export_sender
+
+    who = _operator(operator)
+    try:
+        report = _run(
+            Settings(), lambda s, store: export_sender(s, store, sender, out, operator=who)
+        )
+    except (PermanentError, OSError) as exc:
+        _refuse(PermanentError(f"export to {out} failed: {exc}"))
+        return
+    typer.echo(
+        f"exported {report.mails} mail(s) from {sender} to {report.path}: {report.files} "
+        f"file(s), {report.documents} document(s), {report.notifications} notification(s)"
+    )
+    if report.missing_objects:
+        typer.echo(
+            f"{report.missing_objects} object(s) were not in the store (listed without content)"
         )
 
 
