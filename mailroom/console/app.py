@@ -17,7 +17,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from mailroom.console import review, signin
+from mailroom.console import attention, review, signin, story
 from mailroom.console.auth import SignInRequired
 from mailroom.console.pages import error_page
 from mailroom.console.state import ConsoleState, Nudges
@@ -102,6 +102,8 @@ def build_app(settings: Settings, *, nudges: Nudges) -> Starlette:
             Route("/healthz", _health),
             *signin.ROUTES,
             *review.ROUTES,
+            *attention.ROUTES,
+            *story.ROUTES,
             Mount("/static", StaticFiles(directory=STATIC), name="static"),
         ],
         middleware=[
