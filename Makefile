@@ -33,7 +33,7 @@ migrate: ## Upgrade the configured database
 	uv run mailroom migrate
 
 contracts: ## Regenerate the JSON Schemas and the AsyncAPI document of the NATS contract
-	uv run python -m mailroom.recognition.contract.models --write
+	uv run python -m mailroom.recognition.contract --write
 
 bench: ## Run every benchmark in quick mode
 	for script in bench/*.py; do uv run python $$script --quick || exit 1; done

@@ -96,7 +96,7 @@ TARGETS = ("worker", "worker-intake", "bridge-nats", "bridge-stream", "scheduler
 ROUTES = [{"channel": "log", "recipient": "ops"}, {"channel": "webhook", "recipient": "finance"}]
 WEBHOOK_ROUTE = 1
 #: The reference recognizer's log line for an answer it published (and flushed).
-ANSWERED = re.compile(r"recognizer: job ([0-9a-f-]{36}) attempt (\d+) answered")
+ANSWERED = re.compile(r"service: job ([0-9a-f-]{36}) attempt (\d+) answered")
 #: Mails notified more than once on one route (each final state has its own dedupe key).
 RENOTIFIED = """
     SELECT count(DISTINCT mail_id) FROM (

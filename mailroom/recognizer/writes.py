@@ -9,21 +9,11 @@ round of syncs (the files and their folder) for all of them instead of one per j
 from __future__ import annotations
 
 import asyncio
-import uuid
 
 from mailroom.adapters.storage import ObjectStore, PutOutcome, PutRequest, StoredRef
 
 #: Media type of a result document.
 RESULT_MEDIA_TYPE = "application/json"
-
-
-def result_key(job_id: uuid.UUID, attempt: int) -> str:
-    """Where the result of one attempt lives in the results bucket.
-
-    One folder for all (no folder per job): on a filesystem store each new folder is one
-    more entry to create and sync before the result counts as stored.
-    """
-    return f"results/{job_id}.{attempt}.json"
 
 
 class ResultWrites:

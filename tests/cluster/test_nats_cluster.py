@@ -16,7 +16,7 @@ from mailroom.adapters.nats import NatsClient
 from mailroom.cli.status_links import jetstream_state
 from mailroom.errors import NatsConfigError, NatsUnavailable
 from mailroom.recognition.outbox.relay import publish_recognition_requests
-from mailroom.recognizer.answers import AnswerPublisher
+from mailroom.service import AnswerPublisher
 from mailroom.settings import NatsSettings, Settings
 from tests.fixtures.recognition import at, make_settings
 

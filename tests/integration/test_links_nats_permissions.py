@@ -193,8 +193,8 @@ async def _fetch_until(results, wanted: bytes) -> bytes:
 
 
 async def test_the_recognizers_answers_are_acknowledged_by_the_stream(mailroom, deployed_nats):
-    from mailroom.recognizer.answers import AnswerPublisher
     from mailroom.recognizer.connect import INBOX_PREFIX
+    from mailroom.service import AnswerPublisher
 
     errors: asyncio.Queue[Exception] = asyncio.Queue()
 

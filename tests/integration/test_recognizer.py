@@ -24,7 +24,7 @@ from mailroom.recognition.contract.models import (
 )
 from mailroom.recognizer.faults import RecognizerFaults
 from mailroom.recognizer.service import ReferenceRecognizer, service_version
-from mailroom.recognizer.writes import result_key
+from mailroom.service import result_key
 from mailroom.settings import RecognizerSettings
 
 pytestmark = pytest.mark.integration
@@ -371,7 +371,7 @@ async def test_invalid_request_log_line_carries_no_body(
     nats_settings = recognizer_settings.nats
     secret = b'{"job_id": "x", "original_name": "salary-of-the-ceo.csv"}'
     handler = _Lines()
-    logger = logging.getLogger("mailroom.recognizer.parsing")
+    logger = logging.getLogger("mailroom.service.requests")
     logger.addHandler(handler)
     # Its own level, not the root's: another test in this process may have left the root
     # above WARNING (a full run once caught no line here; alone it always did).
@@ -501,7 +501,8 @@ async def test_recognizer_is_usable_as_an_async_context_manager(
 
 async def test_answers_published_together_share_one_flush(start_recognizer):
     recognizer = await start_recognizer()
-    connection = recognizer._connection()
+    answers = recognizer.kit.answers  # no stream captures the subject: core NATS
+    connection = answers.nc
     flush, flushes = connection.flush, []
 
     async def counted_flush(*args: object, **kwargs: object) -> None:
@@ -509,8 +510,8 @@ async def test_answers_published_together_share_one_flush(start_recognizer):
         await flush(*args, **kwargs)
 
     connection.flush = counted_flush  # type: ignore[method-assign]
-    await asyncio.gather(*(recognizer._flush() for _ in range(5)))
+    await asyncio.gather(*(answers.flush() for _ in range(5)))
     assert len(flushes) == 1  # one PING for the five answers of one turn
 
-    await recognizer._flush()
+    await answers.flush()
     assert len(flushes) == 2  # a later answer waits for a flush begun after it

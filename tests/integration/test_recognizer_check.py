@@ -99,12 +99,16 @@ async def test_results_later_than_the_deadline_fail_the_result_rows(
 class _UuidFileIds(ReferenceRecognizer):
     """Answers with a UUID ``file_id``: the mistake the issue's first outside service made."""
 
-    async def _publish(self, response: RecognitionResponse, msg_id: str) -> None:
-        body = response.model_dump_json(exclude_none=True)
-        broken = body.replace(f'"file_id":{response.file_id}', f'"file_id":"{response.job_id}"')
-        await self._connection().publish(
-            self.results_subject, broken.encode(), headers={"Nats-Msg-Id": msg_id}
-        )
+    async def start(self) -> None:
+        await super().start()
+        answers = self.kit.answers
+
+        async def publish(response: RecognitionResponse, msg_id: str) -> None:
+            body = response.model_dump_json(exclude_none=True)
+            broken = body.replace(f'"file_id":{response.file_id}', f'"file_id":"{response.job_id}"')
+            await answers.publish(broken.encode(), msg_id)
+
+        self.kit.publish = publish  # type: ignore[method-assign]
 
 
 async def test_a_message_off_the_contract_fails_the_contract_row(recognizer_settings):
@@ -118,10 +122,15 @@ async def test_a_message_off_the_contract_fails_the_contract_row(recognizer_sett
 class _CorePublisher(ReferenceRecognizer):
     """Publishes its answers with core NATS, as if no stream captured the answers subject."""
 
-    async def _publish(self, response: RecognitionResponse, msg_id: str) -> None:
-        await self._connection().publish(
-            self.results_subject, dump(response), headers={"Nats-Msg-Id": msg_id}
-        )
+    async def start(self) -> None:
+        await super().start()
+        nc, subject = self.kit.nc, self.results_subject
+
+        async def publish(response: RecognitionResponse, msg_id: str) -> None:
+            await nc.publish(subject, dump(response), headers={"Nats-Msg-Id": msg_id})
+            await nc.flush()
+
+        self.kit.publish = publish  # type: ignore[method-assign]
 
 
 async def test_answers_published_with_core_nats_into_the_stream_are_explained(
@@ -185,14 +194,18 @@ class _ChangesItsMind(ReferenceRecognizer):
 
     seen: set
 
-    async def _answer(self, request):
-        if request.job_id in self.seen:
-            return self._error(request, "EMPTY", "another answer")
-        self.seen.add(request.job_id)
-        return await super()._answer(request)
+    async def start(self) -> None:
+        await super().start()
+        kit, first_answer = self.kit, self.kit.answer
 
-    def _remember(self, key, answer) -> None:
-        return None
+        async def answer(request):
+            if request.job_id in self.seen:
+                return kit._error(request, "EMPTY", "another answer")
+            self.seen.add(request.job_id)
+            return await first_answer(request)
+
+        kit.answer = answer  # type: ignore[method-assign]
+        kit.remember = lambda key, answer: None  # type: ignore[method-assign]
 
 
 async def test_another_answer_to_a_repeated_request_fails_the_idempotency_row(

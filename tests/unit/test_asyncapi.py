@@ -31,10 +31,10 @@ from mailroom.recognition.contract.models import (
 )
 from mailroom.recognition.inbox import attempts as inbox_attempts
 from mailroom.recognition.mapping import run as mapping
-from mailroom.recognizer.service import TRANSIENT_CODES
+from mailroom.service.answering import TRANSIENT_CODES
 from mailroom.settings import NatsSettings
 
-REGENERATE = "uv run python -m mailroom.recognition.contract.models --write"
+REGENERATE = "uv run python -m mailroom.recognition.contract --write"
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,7 @@ from mailroom.recognition.contract.models import (
     write_schemas,
 )
 
-REGENERATE = "uv run python -m mailroom.recognition.contract.models --write"
+REGENERATE = "uv run python -m mailroom.recognition.contract --write"
 JOB_ID = uuid.UUID("12345678-1234-5678-1234-567812345678")
 
 

@@ -5,13 +5,12 @@ results come back on ``files.tabular_parsed``. Each message carries a
 ``Nats-Msg-Id`` header built from the job id and attempt, so every hop can
 dedupe on a stable key. JSON Schemas of these models and the AsyncAPI document
 (``asyncapi.py``) are checked in under ``contracts/``
-(``python -m mailroom.recognition.contract.models --write``).
+(``python -m mailroom.recognition.contract --write``).
 """
 
 from __future__ import annotations
 
 import json
-import sys
 import uuid
 from datetime import datetime
 from pathlib import Path
@@ -329,11 +328,3 @@ def parse_json_object(data: bytes) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ValueError("not a JSON object")
     return value
-
-
-if __name__ == "__main__" and "--write" in sys.argv:
-    # NOTE: imported here: the AsyncAPI module builds on this one.
-    from mailroom.recognition.contract.asyncapi import write_asyncapi
-
-    for path in [*write_schemas(), write_asyncapi()]:
-        print(path.relative_to(CONTRACTS_DIR.parent))

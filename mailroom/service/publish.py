@@ -1,14 +1,16 @@
-"""How the reference recognizer publishes an answer: acknowledged by JetStream where a stream
-captures the answers subject, else core NATS.
+"""How a service publishes an answer: acknowledged by JetStream where a stream captures the
+answers subject, else core NATS.
 
 A core publish is at most once: its flush proves only that the server read it, and while the
 stream's leader is being elected the server drops what it cannot store, with no error to
 anyone (on a three-server cluster, 13,300 of 20,000 answers published that way around a
-killed leader never reached the stream). A lost ack heals (the outbox publishes again), a
-lost result ends its job as ``timeout``. So where a stream captures the subject, each answer
-goes out with ``js.publish`` and counts as sent once the stream acknowledged it (PubAck);
-a publish that timed out or found no leader is tried again under the same ``Nats-Msg-Id``,
-which the stream's duplicate window dedupes, until ``PUBLISH_BUDGET_S`` has passed.
+killed leader never reached the stream). A lost ack heals (Mailroom publishes the request
+again), a lost result ends its job as ``timeout``. So where a stream captures the subject,
+each answer goes out with ``js.publish`` and counts as sent once the stream acknowledged it
+(PubAck); a publish that timed out or found no leader is tried again under the same
+``Nats-Msg-Id``, which the stream's duplicate window dedupes, until ``PUBLISH_BUDGET_S`` has
+passed. Where no stream captures it (Mailroom on core NATS), answers are published and
+flushed, one flush shared by the answers published in the same turn of the event loop.
 """
 
 from __future__ import annotations
@@ -52,14 +54,21 @@ class AnswerPublisher:
         self.subject = subject
         self.timeout_s = timeout_s
         self.js = nc.jetstream(timeout=timeout_s)
-        #: False: Mailroom runs on core NATS (``nats.jetstream``), no stream is looked for.
+        #: False: Mailroom runs on core NATS, no stream is looked for.
         self.jetstream = jetstream
         self.captured = False
         self._looked_at = float("-inf")
         self._lookup = asyncio.Lock()
+        #: The flush the core publishes since it was begun wait for (see ``flush``).
+        self._next_flush: asyncio.Future[None] | None = None
 
     async def publish(self, data: bytes, msg_id: str) -> None:
-        """Publish one answer; with a stream, return only once the stream acknowledged it."""
+        """Publish one answer and return once it is confirmed (PubAck, or a flush on core)."""
+        await self.publish_unconfirmed(data, msg_id)
+        await self.flush()
+
+    async def publish_unconfirmed(self, data: bytes, msg_id: str) -> None:
+        """``publish`` without the core flush (``flush`` confirms several at once)."""
         headers = {MSG_ID_HEADER: msg_id}
         if not self.captured:
             # One lookup at a time: answers published while it runs wait for its outcome
@@ -77,8 +86,28 @@ class AnswerPublisher:
             except UNCONFIRMED as exc:
                 if time.monotonic() >= deadline:
                     raise
-                logger.debug("recognizer: %s not acknowledged (%s); again", msg_id, exc)
+                logger.debug("service: %s not acknowledged (%s); again", msg_id, exc)
                 await asyncio.sleep(RETRY_WAIT_S)
+
+    async def flush(self) -> None:
+        """Return once the server has every core publish made before this call.
+
+        A flush is a PING and its PONG, after the publishes buffered before it. The answers
+        published while one is due share it: the first starts it, it is begun on the loop's
+        next turn, and answers published after that wait for the next one.
+        """
+        if self.captured:
+            return  # each answer waited for the stream's acknowledgement
+        if self._next_flush is None:
+            self._next_flush = asyncio.ensure_future(self._flush_shared())
+            # Read by whoever still waits; marked retrieved for when all of them were cancelled.
+            self._next_flush.add_done_callback(_retrieved)
+        await asyncio.shield(self._next_flush)
+
+    async def _flush_shared(self) -> None:
+        await asyncio.sleep(0)  # the answers published in this turn join
+        self._next_flush = None  # those from now on wait for a flush begun after them
+        await self.nc.flush()
 
     async def _stream_captures(self) -> bool:
         """Whether a stream captures the subject (asked until one does: Mailroom creates it)."""
@@ -94,5 +123,10 @@ class AnswerPublisher:
         ):
             return False
         self.captured = True
-        logger.info("recognizer: a stream captures %s; answers wait for its acks", self.subject)
+        logger.info("service: a stream captures %s; answers wait for its acks", self.subject)
         return True
+
+
+def _retrieved(future: asyncio.Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()
