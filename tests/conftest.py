@@ -20,6 +20,9 @@ from dramatiq.worker import _WorkerMiddleware
 #: other ``MAILROOM_*`` variable: a missing Dovecot or Debian redis-server fails its tests
 #: instead of skipping them.
 _require_debian_servers = os.environ.get("MAILROOM_TEST_REQUIRE_DEBIAN_SERVERS") == "1"
+#: The browser tests' switch (``tests/browser/screenshots.py``): their screenshots go into the
+#: docs' images instead of a temporary folder.
+_write_screenshots = os.environ.get("MAILROOM_WRITE_SCREENSHOTS") == "1"
 
 # Stray MAILROOM_* variables from a developer's shell must not leak into tests.
 for _name in [n for n in os.environ if n.startswith("MAILROOM_")]:
@@ -44,9 +47,11 @@ broker = dramatiq.get_broker()
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    from tests.browser.screenshots import write_screenshots_key
     from tests.fixtures.dovecot import require_debian_servers_key
 
     config.stash[require_debian_servers_key] = _require_debian_servers
+    config.stash[write_screenshots_key] = _write_screenshots
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -68,7 +73,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 
 #: Folders whose tests run whole Mailroom systems (several processes and servers each).
-_SYSTEM_TESTS = ("faults", "e2e", "cluster")
+_SYSTEM_TESTS = ("faults", "e2e", "cluster", "browser")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
