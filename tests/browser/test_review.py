@@ -1,0 +1,118 @@
+"""Reviewing in the console, in a real browser: a real mail's document corrected through to
+its notification, and a queue of twenty reviewed one page per document."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from playwright.sync_api import Page, expect
+
+from tests.browser.conftest import OPERATOR
+from tests.browser.console import PIPELINE_TIMEOUT_S, Console
+from tests.browser.mails import QUEUE_LENGTH
+from tests.browser.screenshots import Screenshots
+
+#: The first test of a run waits for the whole system to start and the mails to go through.
+pytestmark = [pytest.mark.e2e, pytest.mark.browser, pytest.mark.timeout(420)]
+
+
+def _times(page: Page) -> list:
+    """What changes from run to run on the review pages: times and ids."""
+    return [page.locator("td.when, dd.when, time")]
+
+
+def test_an_operator_corrects_a_missing_total_and_the_notification_carries_it(
+    console_system: Console,
+    waiting_files: dict[str, list[int]],
+    operator_page: Page,
+    screenshots: Screenshots,
+):
+    console, page = console_system, operator_page
+    [file_id] = waiting_files["correct.test"]
+
+    # The queue lists the file with its reason; its page shows mail, file and fields.
+    page.goto(f"{console.url}/review?sender=correct.test")
+    row = page.locator("table.queue tbody tr")
+    expect(row).to_have_count(1)
+    expect(row).to_contain_text("missing: total")
+    expect(row).to_contain_text("Invoice March")
+    row.get_by_role("link", name=str(file_id)).click()
+    expect(page).to_have_url(re.compile(rf"/files/{file_id}\b"))
+    expect(page.locator("dd.subject")).to_have_text("Invoice March")
+    expect(page.locator("table.sheet")).to_contain_text("INV-7001")
+    expect(page.locator(".fields p.problem")).to_have_text("Missing: total")
+    screenshots.take(page, "document", hide=_times(page))
+
+    # Correct the total in place and save: the console moves on (the queue, now empty).
+    page.locator('#correct-form input[name="field.total"]').fill("1234.56")
+    page.get_by_role("button", name="Save corrections").click()
+    expect(page.locator(".notice")).to_contain_text(
+        f"file {file_id} corrected by {OPERATOR}: RECOGNIZED"
+    )
+    assert console.file_status(file_id) == "RECOGNIZED"
+
+    # The mail is final again, and its notification goes out with the corrected value.
+    def corrected() -> list[str]:
+        return [
+            item.body
+            for item in console.system.webhook.received
+            if "billing@correct.test" in item.body and "total=1234.56" in item.body
+        ]
+
+    console.system.wait_for(
+        "the corrected notification", lambda: bool(corrected()), PIPELINE_TIMEOUT_S
+    )
+    [body] = corrected()
+    assert "invoice-7001.csv: RECOGNIZED as invoice" in body
+    assert "invoice_number=INV-7001" in body
+    # The first notification, before the review, told of the missing total.
+    earlier = [
+        item.body
+        for item in console.system.webhook.received
+        if "billing@correct.test" in item.body and item.body != body
+    ]
+    assert earlier and "(missing: total)" in earlier[0]
+    # The correction is audited under the operator's id.
+    assert console.system.query(
+        "SELECT actor_id FROM audit_event WHERE target = %s AND action LIKE %s",
+        f"stored_file:{file_id}",
+        "%correct%",
+    ) == [(OPERATOR,)]
+
+
+def test_twenty_documents_are_reviewed_one_page_load_each(
+    console_system: Console,
+    waiting_files: dict[str, list[int]],
+    operator_page: Page,
+    screenshots: Screenshots,
+):
+    console, page = console_system, operator_page
+    waiting = waiting_files["queue.test"]
+    page.goto(f"{console.url}/review?sender=queue.test")
+    expect(page.locator("table.queue tbody tr")).to_have_count(QUEUE_LENGTH)
+    screenshots.take(page, "review-queue", hide=_times(page))
+
+    # Every page the browser loads from here on (redirects are not loads of their own).
+    loads: list[str] = []
+    page.on("framenavigated", lambda frame: frame == page.main_frame and loads.append(frame.url))
+    reviewed = []
+    page.keyboard.press("n")  # the oldest first
+    for _ in range(QUEUE_LENGTH):
+        expect(page).to_have_url(re.compile(r"/files/\d+"))
+        reviewed.append(int(re.search(r"/files/(\d+)", page.url)[1]))
+        expect(page.locator("#accept-form")).to_be_visible()
+        page.keyboard.press("a")  # accept, and on to the next
+        expect(page).not_to_have_url(re.compile(rf"/files/{reviewed[-1]}\b"))
+    expect(page.locator(".notice")).to_contain_text("nothing left to review")
+
+    assert reviewed == waiting  # each once, oldest first
+    documents = [url for url in loads if "/files/" in url]
+    assert len(documents) == QUEUE_LENGTH  # one page per document
+    assert len(loads) == QUEUE_LENGTH + 1  # and the queue, empty, at the end
+    statuses = console.system.query(
+        """SELECT f.status, count(*) FROM stored_file AS f JOIN inbound_mail AS m
+            ON m.id = f.mail_id WHERE m.sender LIKE %s GROUP BY 1""",
+        "%@queue.test",
+    )
+    assert statuses == [("RECOGNIZED", QUEUE_LENGTH)]
