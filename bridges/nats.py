@@ -30,9 +30,9 @@ from prometheus_client import Counter
 
 from mailroom.adapters.nats import IncomingMessage, NatsClient, ResultSubscription
 from mailroom.errors import AppError, NatsLoginRefused
-from mailroom.process.observability import scrub_text
 from mailroom.process.outage import OutageLog
 from mailroom.process.stop_signals import handle_stop_signals
+from mailroom.redaction import mask_urls
 from mailroom.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -81,9 +81,9 @@ class NatsBridge:
         self.dropped = 0
         self._stop = asyncio.Event()
         self.ready = asyncio.Event()
-        servers = ", ".join(scrub_text(url, ()) for url in settings.nats.server_urls)
+        servers = ", ".join(mask_urls(url) for url in settings.nats.server_urls)
         self.nats_outage = OutageLog(f"NATS {servers}", logger=logger)
-        broker = scrub_text(settings.broker_redis_url, ())
+        broker = mask_urls(settings.broker_redis_url)
         if settings.redis.sentinels:
             broker = f"redis sentinel master {settings.broker_redis.sentinel_master}"
         self.broker_outage = OutageLog(

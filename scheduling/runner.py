@@ -13,9 +13,10 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
 from mailroom.db.dsn import psycopg_dsn
-from mailroom.process.observability import active_sentry, scrub_text
+from mailroom.process.observability import active_sentry
 from mailroom.process.outage import OutageLog
 from mailroom.process.stop_signals import handle_stop_signals
+from mailroom.redaction import mask_urls
 from mailroom.settings import Settings
 from scheduling import metrics
 from scheduling.jobs import PeriodicJob, job_table
@@ -43,7 +44,7 @@ BROKER_DOWN: tuple[type[BaseException], ...] = (
 
 def broker_outage(settings: Settings) -> OutageLog:
     """The scheduler's one line per change of the broker's reachability (password masked)."""
-    where = scrub_text(settings.broker_redis_url, ())
+    where = mask_urls(settings.broker_redis_url)
     return OutageLog(f"Broker {where}", logger=logger, doing="the jobs send again at each tick")
 
 

@@ -21,7 +21,8 @@ from dramatiq.brokers.redis import RedisBroker
 from dramatiq.errors import ConnectionClosed
 
 from actors.middleware.sentry_tags import message_tags
-from mailroom.process.observability import active_sentry, scrub_text
+from mailroom.process.observability import active_sentry
+from mailroom.redaction import scrub_text
 
 logger = logging.getLogger(__name__)
 

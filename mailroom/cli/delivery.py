@@ -188,9 +188,9 @@ def notify(
     import redis.exceptions
 
     from mailroom.adapters.channels import plugin
-    from mailroom.cli.errors import mask_passwords
     from mailroom.delivery.producer import create_message, enqueue_messages
     from mailroom.errors import ServiceUnavailable, UnknownChannel
+    from mailroom.redaction import mask_urls
 
     try:
         plugin(channel)
@@ -228,7 +228,7 @@ def notify(
             redis.exceptions.ConnectionError,
             redis.exceptions.TimeoutError,
         ) as exc:
-            reason = mask_passwords(str(exc).strip().splitlines()[0] if str(exc).strip() else "")
+            reason = mask_urls(str(exc).strip().splitlines()[0] if str(exc).strip() else "")
             return (
                 f"stored as message {message_id}; it will be sent when Redis is reachable "
                 f"(now: {reason or type(exc).__name__})"

@@ -19,6 +19,8 @@ import typer
 from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
+from mailroom.redaction import mask_urls
+
 #: Exit status of a configuration error (like a usage error).
 EXIT_CONFIG = 2
 #: Exit status of an unreachable server or a refused login.
@@ -29,8 +31,6 @@ MAX_SHOWN = 5
 #: Set by ``mailroom --debug``: let exceptions through with their traceback.
 show_tracebacks = False
 
-_PASSWORD_IN_URL = re.compile(r"([a-zA-Z][\w+.-]*://[^:@/\s]*):[^@\s]*@")
-
 
 @dataclass(frozen=True)
 class Failure:
@@ -38,17 +38,12 @@ class Failure:
     lines: list[str]
 
 
-def mask_passwords(text: str) -> str:
-    """``text`` with the password of every URL in it replaced by ``***``."""
-    return _PASSWORD_IN_URL.sub(r"\1:***@", text)
-
-
 def describe(exc: BaseException) -> Failure | None:
     """The people's version of ``exc`` or of an exception it was raised from, if known."""
     for candidate in _chain(exc):
         failure = _describe_one(candidate)
         if failure is not None:
-            return Failure(failure.exit_code, [mask_passwords(line) for line in failure.lines])
+            return Failure(failure.exit_code, [mask_urls(line) for line in failure.lines])
     return None
 
 

@@ -15,6 +15,7 @@ import typer
 from mailroom.cli import errors
 from mailroom.errors import NatsConfigError, NatsUnavailable
 from mailroom.recognition.contract.conformance import CheckRow, CheckTimeouts
+from mailroom.redaction import mask_urls
 
 if TYPE_CHECKING:
     # rich only for ``check``'s table: the recognizer process never draws one.
@@ -82,12 +83,12 @@ def check(
     except NatsConfigError as exc:
         if errors.show_tracebacks:
             raise
-        typer.echo(errors.mask_passwords(f"mailroom: recognizer check: {exc}"), err=True)
+        typer.echo(mask_urls(f"mailroom: recognizer check: {exc}"), err=True)
         raise typer.Exit(errors.EXIT_CONFIG) from None
     except NatsUnavailable as exc:
         if errors.show_tracebacks:
             raise
-        line = errors.mask_passwords(f"mailroom: recognizer check: cannot reach NATS: {exc}")
+        line = mask_urls(f"mailroom: recognizer check: cannot reach NATS: {exc}")
         typer.echo(line, err=True)
         typer.echo("  Is it running? Check --nats (or MAILROOM_NATS__URL).", err=True)
         raise typer.Exit(errors.EXIT_UNAVAILABLE) from None

@@ -41,6 +41,7 @@ from mailroom.ops.attention import (
 )
 from mailroom.recognition.contract.violations import CONTRACT_ERROR_CODES
 from mailroom.recognition.gate import closed_gates, gate_lines
+from mailroom.redaction import mask_urls
 from mailroom.settings import Settings
 from scheduling.leader import current_leader
 
@@ -184,13 +185,24 @@ def _leader(settings: Settings) -> str | None:
 def print_status(
     settings: Settings, *, as_json: bool = False, console: Console | None = None
 ) -> None:
-    report = asyncio.run(collect_status(settings))
+    report = _masked(asyncio.run(collect_status(settings)))
     if as_json:
         print(json.dumps(report, indent=2, default=str))
         return
     console = console or Console()
     _print_work(report, console)
     _print_links(report, console)
+
+
+def _masked(value: Any) -> Any:
+    """The report with every URL's credentials masked (servers' errors quote their URLs)."""
+    if isinstance(value, str):
+        return mask_urls(value)
+    if isinstance(value, dict):
+        return {key: _masked(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_masked(item) for item in value]
+    return value
 
 
 def _print_work(report: dict[str, Any], console: Console) -> None:

@@ -79,7 +79,7 @@ def database_url(settings: DatabaseSettings) -> str:
 
     In the URL rather than in connect arguments, so every connection takes them: the
     engines, alembic, and the direct psycopg connections of ``libpq_dsn``. The result
-    carries the password: never log it (``mailroom.process.observability.scrub_text`` masks it).
+    carries the password: never log it (``mailroom.redaction.mask_urls`` masks it).
     """
     from sqlalchemy.engine import URL, make_url
 

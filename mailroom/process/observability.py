@@ -19,15 +19,16 @@ from typing import Any
 
 from pydantic import BaseModel, SecretStr
 
+from mailroom.redaction import REDACTED, scrub_text
 from mailroom.settings import Settings
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(process)d %(name)s: %(message)s"
 
 #: Keys whose values never leave the process (request data, extras, contexts).
-SENSITIVE_KEYS = re.compile(r"pass|secret|token|auth|body|cookie|dsn|key", re.IGNORECASE)
-#: ``scheme://user:password@host`` → the password part.
-URL_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^:/@\s]*:)(?P<secret>[^@\s]+)(?=@)", re.I)
-REDACTED = "[redacted]"
+#: Not every ``key``: an access key id, an object key or an idempotency key are identifiers.
+SENSITIVE_KEYS = re.compile(
+    r"pass|secret|token|auth|body|cookie|dsn|api_?key|private_?key|^key$", re.IGNORECASE
+)
 
 #: The pid that ran ``setup_process`` (a forked child runs it again).
 _set_up_in: int | None = None
@@ -69,15 +70,6 @@ def secret_values(settings: BaseModel) -> set[str]:
 
     visit(settings)
     return found
-
-
-def scrub_text(text: str, secrets: Iterable[str]) -> str:
-    """Remove URL passwords and known secret values from ``text``."""
-    text = URL_PASSWORD.sub(lambda m: m.group("head") + REDACTED, text)
-    for secret in secrets:
-        if len(secret) >= 4:
-            text = text.replace(secret, REDACTED)
-    return text
 
 
 def scrub(value: Any, secrets: frozenset[str]) -> Any:

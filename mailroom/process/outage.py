@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mailroom.backoff import backoff
+from mailroom.redaction import mask_urls
 
 #: Set by ``mailroom --debug``: outage lines carry the failure's traceback.
 show_tracebacks = False
@@ -41,7 +42,8 @@ class OutageLog:
         max_interval_s: float = MAX_REPORT_INTERVAL_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.server = server
+        # Masked here too: a caller's server name or error may carry a URL with its login.
+        self.server = mask_urls(server)
         self.logger = logger
         self.doing = doing
         self.max_interval_s = max_interval_s
@@ -66,7 +68,7 @@ class OutageLog:
         self.logger.error(
             "%s is unreachable (%s); %s, next report in %.0f s",
             self.server,
-            error,
+            mask_urls(str(error)),
             self.doing,
             wait_s,
             exc_info=exc if show_tracebacks and exc is not None else None,

@@ -23,8 +23,8 @@ from mailroom.adapters.nats.login import (
     server_urls,
 )
 from mailroom.errors import NatsUnavailable
-from mailroom.process.observability import scrub_text
 from mailroom.process.outage import OutageLog
+from mailroom.redaction import mask_urls
 from mailroom.settings import NatsSettings
 
 logger = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ async def connect(
     Bounded as a whole: after a failed TLS handshake nats-py never returns.
     """
     urls = server_urls(settings)  # a malformed URL fails here in one line
-    servers = [scrub_text(url, ()) for url in urls]
+    servers = [mask_urls(url) for url in urls]
     outage = OutageLog(f"NATS {', '.join(servers)}", logger=logger)
     nc = NatsConnection()
     refused: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()

@@ -293,7 +293,8 @@ class StorageSettings(StrictModel):
     root: Path = Path("objects")
     s3_endpoint_url: str | None = None
     s3_region: str = "us-east-1"
-    s3_access_key: SecretStr = SecretStr("")
+    #: The access key id: an identifier, shown in logs as it is (the secret key is the secret).
+    s3_access_key: str = ""
     s3_secret_key: SecretStr = SecretStr("")
     mail_bucket: str = "mailroom-mail"
     incoming_bucket: str = "mailroom-incoming"

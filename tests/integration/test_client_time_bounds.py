@@ -16,7 +16,7 @@ def test_the_s3_client_has_connect_and_read_timeouts_and_bounded_retries():
     settings = StorageSettings(
         kind="s3",
         s3_endpoint_url="http://127.0.0.1:9",
-        s3_access_key=SecretStr("k"),
+        s3_access_key="k",
         s3_secret_key=SecretStr("s"),
         s3_connect_timeout_s=3.0,
         s3_read_timeout_s=12.0,

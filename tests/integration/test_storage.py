@@ -35,7 +35,7 @@ def store(request, tmp_path):
         storage=StorageSettings(
             kind="s3",
             s3_endpoint_url=endpoint,
-            s3_access_key=SecretStr("test"),
+            s3_access_key="test",
             s3_secret_key=SecretStr("test"),
             mail_bucket=f"mail-{suffix}",
             incoming_bucket=f"incoming-{suffix}",

@@ -63,7 +63,7 @@ def test_a_cli_process_logs_one_scrubbed_json_object_per_line():
     records = _objects(done.stderr)
     assert SENTINEL not in done.stderr
     assert [r["message"] for r in records][-3:] == [
-        "connecting to postgresql://app:[redacted]@db.internal/mailroom",
+        "connecting to postgresql://app:***@db.internal/mailroom",
         "database down",
         "two\nlines",
     ]

@@ -40,7 +40,7 @@ def test_servers_replace_the_single_url():
         ),
         (
             NatsSettings(url="nats://u:secret@:4222"),
-            "nats.url: 'nats://u:[redacted]@:4222' is not a NATS server URL (no host)",
+            "nats.url: 'nats://u:***@:4222' is not a NATS server URL (no host)",
         ),
     ],
 )

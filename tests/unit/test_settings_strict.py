@@ -9,7 +9,8 @@ import pytest
 from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
-from mailroom.cli.errors import EXIT_CONFIG, EXIT_UNAVAILABLE, describe, mask_passwords
+from mailroom.cli.errors import EXIT_CONFIG, EXIT_UNAVAILABLE, describe
+from mailroom.redaction import mask_urls
 from mailroom.settings import (
     ROUTE_PLACEHOLDERS,
     DeliverySettings,
@@ -224,7 +225,7 @@ def test_unreachable_postgres_is_two_lines_with_host_port_and_no_password(monkey
 
 def test_passwords_in_urls_are_masked():
     text = "redis://:pw@h:6379/0 amqp://guest:guest@rabbit:5672/ postgresql://u@h/x"
-    assert mask_passwords(text) == (
+    assert mask_urls(text) == (
         "redis://:***@h:6379/0 amqp://guest:***@rabbit:5672/ postgresql://u@h/x"
     )
 

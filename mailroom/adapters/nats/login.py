@@ -12,7 +12,7 @@ import nats.errors
 
 from mailroom.adapters.tls import client_context
 from mailroom.errors import NatsLoginRefused, NatsUnavailable
-from mailroom.process.observability import scrub_text
+from mailroom.redaction import mask_urls
 from mailroom.settings import NatsSettings
 
 #: URL schemes nats-py connects with: TCP ones or websocket ones, never mixed in one list.
@@ -38,7 +38,7 @@ def server_urls(settings: NatsSettings) -> list[str]:
         if problem:
             hint = "; give several servers as nats.servers" if "," in url else ""
             raise NatsUnavailable(
-                f"{setting}: {scrub_text(url, ())!r} is not a NATS server URL ({problem}){hint}"
+                f"{setting}: {mask_urls(url)!r} is not a NATS server URL ({problem}){hint}"
             )
     schemes = {urlsplit(url).scheme for url in urls}
     if not (schemes <= set(TCP_SCHEMES) or schemes <= set(WEBSOCKET_SCHEMES)):
@@ -85,9 +85,9 @@ def connect_error(
     """One line: where, what failed (login, TLS, network) and which settings to check.
 
     ``exc`` ended the attempts; ``seen`` are the attempts' own errors, which say more (a
-    refused login ends as "no servers"). The URL's password is masked.
+    refused login ends as "no servers"). The URLs' credentials are masked.
     """
-    where = ", ".join(scrub_text(url, ()) for url in settings.server_urls)
+    where = ", ".join(mask_urls(url) for url in settings.server_urls)
     errors = [*seen, exc]
     if any(is_login_refused(error) for error in errors):
         return NatsLoginRefused(

@@ -36,7 +36,7 @@ class S3Store(Buckets):
             "s3",
             endpoint_url=settings.s3_endpoint_url,
             region_name=settings.s3_region,
-            aws_access_key_id=settings.s3_access_key.get_secret_value() or None,
+            aws_access_key_id=settings.s3_access_key or None,
             aws_secret_access_key=settings.s3_secret_key.get_secret_value() or None,
             # A CA bundle, or whether to check the certificate against the system's CAs.
             verify=str(settings.s3_ca_file) if settings.s3_ca_file else settings.s3_verify,
