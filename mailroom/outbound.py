@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from mailroom.errors import UnsafeHeaderValue, WebhookTargetRefused
+from mailroom.redaction import mask_urls
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -83,11 +84,12 @@ def check_url(url: str, allow: AllowList) -> str:
     addresses are checked when it is resolved, by ``check_addresses``).
     """
     parts = urlsplit(url)
+    shown = mask_urls(url)[:80]  # its user info and secret parameters are credentials
     if parts.scheme not in ("https", "http") or not parts.hostname:
-        raise WebhookTargetRefused(f"webhook URL {url[:80]!r} is not an http(s) URL with a host")
+        raise WebhookTargetRefused(f"webhook URL {shown!r} is not an http(s) URL with a host")
     if parts.scheme == "http" and not allow.allow_http:
         raise WebhookTargetRefused(
-            f"webhook URL {url[:80]!r} is plain http; "
+            f"webhook URL {shown!r} is plain http; "
             "use https or set MAILROOM_DELIVERY__WEBHOOK_ALLOW_HTTP"
         )
     host = parts.hostname

@@ -2,10 +2,14 @@
 
 A secret is stored as ``{"$fernet": "<token>"}`` in place of its value, so the rest of
 the row stays readable in ``psql`` and the same pydantic model validates it on load.
+A URL that carries credentials (a webhook's ``https://user:password@host/?token=…``) is
+a secret too: it is stored as ``{"$fernet": "<token>", "shown": "<the URL masked>"}``,
+so ``show``, ``list`` and the audit rows still say where it points.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
@@ -13,11 +17,16 @@ from pydantic import BaseModel, SecretStr
 from pydantic_core import to_jsonable_python
 
 from mailroom.errors import RuntimeConfigInvalid
+from mailroom.redaction import has_credentials, mask_urls
 
 #: The key under which an encrypted secret sits in stored JSON.
 FERNET = "$fernet"
 #: What ``show`` prints in place of a secret.
 MASK = "**********"
+#: The key beside ``FERNET`` holding what ``show`` prints of an encrypted URL.
+SHOWN = "shown"
+#: The start of a URL: only such text is looked at for credentials.
+_URL_START = re.compile(r"[a-z][a-z0-9+.-]*://", re.I)
 
 
 class Cipher:
@@ -79,11 +88,21 @@ def _encrypt(value: Any, cipher: Cipher, where: str) -> Any:
         return {str(k): _encrypt(v, cipher, where) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_encrypt(v, cipher, where) for v in value]
+    if _is_url_with_credentials(value):
+        return {FERNET: cipher.encrypt(value, where=where), SHOWN: mask_urls(value)}
     return to_jsonable_python(value)
 
 
+def _is_url_with_credentials(value: Any) -> bool:
+    return isinstance(value, str) and bool(_URL_START.match(value)) and has_credentials(value)
+
+
 def _is_secret(value: Any) -> bool:
-    return isinstance(value, dict) and set(value) == {FERNET} and isinstance(value[FERNET], str)
+    return (
+        isinstance(value, dict)
+        and set(value) in ({FERNET}, {FERNET, SHOWN})
+        and isinstance(value[FERNET], str)
+    )
 
 
 def _decrypt(value: Any, cipher: Cipher, where: str) -> Any:
@@ -98,7 +117,9 @@ def _decrypt(value: Any, cipher: Cipher, where: str) -> Any:
 
 def _mask(value: Any) -> Any:
     if _is_secret(value):
-        return MASK
+        return str(value.get(SHOWN, MASK))
+    if _is_url_with_credentials(value):  # a row written before such URLs were encrypted
+        return mask_urls(value)
     if isinstance(value, dict):
         return {k: _mask(v) for k, v in value.items()}
     if isinstance(value, list):

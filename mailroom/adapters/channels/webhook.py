@@ -32,6 +32,7 @@ from mailroom import outbound, webhooks
 from mailroom.adapters.channels import Capabilities, register
 from mailroom.delivery.ports import Envelope
 from mailroom.errors import ChannelRejected, ChannelUnavailable, RateLimited, UnknownAccount
+from mailroom.redaction import mask_urls
 from mailroom.settings import DeliverySettings, WebhookAccount
 
 if TYPE_CHECKING:  # aiohttp is imported when the first request is sent (worker start-up)
@@ -215,9 +216,12 @@ async def _post_first_reachable(
         except aiohttp.ClientConnectorError as exc:  # certificate refusals included
             if index + 1 < len(targets):
                 continue  # nothing was sent: the host's next checked address may answer
-            raise ChannelUnavailable(f"webhook unreachable: ConnectError: {exc}") from exc
+            raise ChannelUnavailable(
+                f"webhook unreachable: ConnectError: {mask_urls(str(exc))}"
+            ) from exc
         except aiohttp.ClientError as exc:
-            detail = f"{type(exc).__name__}: {exc}"
+            # aiohttp's messages may quote the URL, whose user info is a credential.
+            detail = f"{type(exc).__name__}: {mask_urls(str(exc))}"
             raise ChannelUnavailable(f"webhook unreachable: {detail}") from exc
     raise ChannelUnavailable("webhook host has no checked address")
 
