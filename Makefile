@@ -32,7 +32,7 @@ dev: services-up ## Alias of services-up
 migrate: ## Upgrade the configured database
 	uv run mailroom migrate
 
-contracts: ## Regenerate the JSON Schemas and the AsyncAPI document of the NATS contract
+contracts: ## Regenerate the JSON Schemas, the AsyncAPI document and the documented rules of the NATS contract
 	uv run python -m mailroom.recognition.contract --write
 
 bench: ## Run every benchmark in quick mode

@@ -282,8 +282,11 @@ async def expire_recognition_deadlines() -> None:
         sessions,
         batch_size=resources.settings.recognition.watchdog_batch_size,
         held=state.held,
+        automatic_attempts=resources.settings.recognition.automatic_attempts,
     )
     await on_mails_final(result.finalized_mail_ids)
+    if result.replayed:
+        await send_off_loop(publish_recognition_requests)
 
 
 @dramatiq.actor(

@@ -100,6 +100,9 @@ def check(
 
     Console().print(render_rows(rows))
     failed = sum(not row.passed for row in rows)
+    warned = sum(row.warned for row in rows)
+    if warned and not failed:
+        typer.echo(f"{warned} of {len(rows)} checks passed with a warning", err=True)
     if failed:
         typer.echo(f"{failed} of {len(rows)} checks failed", err=True)
         raise typer.Exit(1)
@@ -113,5 +116,12 @@ def render_rows(rows: list[CheckRow]) -> Table:
     table.add_column("result")
     table.add_column("detail")
     for row in rows:
-        table.add_row(row.name, "[green]pass[/]" if row.passed else "[red]FAIL[/]", row.detail)
+        verdict = (
+            "[red]FAIL[/]"
+            if not row.passed
+            else "[yellow]warn[/]"
+            if row.warned
+            else "[green]pass[/]"
+        )
+        table.add_row(row.name, verdict, row.detail)
     return table

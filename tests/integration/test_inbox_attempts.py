@@ -99,7 +99,11 @@ async def test_a_batch_gives_its_attempts_back_in_its_own_transaction(
     assert apart == [], "nothing was left to end in a transaction of its own"
     for ref in (applied, done):
         assert await batch_rows(db_sessions, ref.job_id) == 0
-    assert (await recognition_factory.job(applied.job_id))["metrics"] == {"keep": 1}
+    # No attempt count left; the error's class is recorded beside what was there.
+    assert (await recognition_factory.job(applied.job_id))["metrics"] == {
+        "keep": 1,
+        "error_class": "retryable",
+    }
     late = await recognition_factory.job(done.job_id)
     assert late["metrics"] == {"keep": 2} and late["status"] == "done"
 

@@ -351,7 +351,7 @@ async def test_watchdog_and_result_race_whoever_locks_first_decides(
     )
     result = lambda: apply(db_sessions, body(ref, "done"), msg_id(ref, "result"))  # noqa: E731
     if first == "watchdog":
-        timed_out = await expire_recognition_deadlines(db_sessions, now=T0)
+        timed_out = await expire_recognition_deadlines(db_sessions, now=T0, automatic_attempts=1)
         applied = await result()
         assert timed_out.timed_out == [ref.job_id]
         assert applied.applied == "result_late"

@@ -127,35 +127,25 @@ async def test_service_needs_check_settles_without_a_retry(flow, recognition_fac
     assert doc["status"] == "needs_check"
 
 
-async def test_missing_required_field_is_retried_once_then_needs_check(flow, recognition_factory):
+async def test_a_missing_required_field_needs_a_check_at_once_and_is_never_re_sent(
+    flow, recognition_factory
+):
     ref = await recognition_factory.create_job(status="processing")
     incomplete = {"document_type": "invoice", "fields": {"total": INVOICE["total"]}}
 
     await flow.answer(ref, result=incomplete)
-    first = await flow.map(ref.job_id)
+    outcome = await flow.map(ref.job_id)
 
-    assert first.replayed is not None and first.file_status == "UPLOADED"
-    assert first.finalized_mail_id is None
-    file = await recognition_factory.file(ref.file_id)
-    assert (file["status"], file["current_recognition_job_id"]) == (
-        "UPLOADED",
-        first.replayed.new_job_id,
-    )
-    retry = type(ref)(first.replayed.new_job_id, ref.file_id, ref.mail_id, None)
-    await recognition_factory.set_job(retry.job_id, status="processing")
-    await flow.answer(retry, result=incomplete, attempt=2)
-    second = await flow.map(retry.job_id)
-
-    assert (second.replayed, second.file_status) == (None, "NEEDS_CHECK")
-    assert second.finalized_mail_id == ref.mail_id
-    docs = await recognition_factory.rows("SELECT * FROM document ORDER BY id")
-    assert [d["missing_fields"] for d in docs] == [["invoice_number"], ["invoice_number"]]
+    # One job, one document: the file waits for a person, not for another recognition.
+    assert (outcome.replayed, outcome.file_status) == (None, "NEEDS_CHECK")
+    assert outcome.finalized_mail_id == ref.mail_id
+    [doc] = await recognition_factory.rows("SELECT * FROM document")
+    assert doc["missing_fields"] == ["invoice_number"]
     jobs = await recognition_factory.jobs_of_file(ref.file_id)
-    assert [(j["attempt"], j["status"]) for j in jobs] == [(1, "done"), (2, "done")]
+    assert [(j["attempt"], j["status"]) for j in jobs] == [(1, "done")]
     file = await recognition_factory.file(ref.file_id)
     assert "invoice_number" in file["status_reason"]
-    [audit] = await recognition_factory.rows("SELECT * FROM audit_event")
-    assert (audit["action"], audit["actor_type"]) == ("recognition.replayed", "system")
+    assert await recognition_factory.rows("SELECT * FROM audit_event") == []
 
 
 async def test_a_plain_result_logs_in_its_batch_line_and_a_retry_on_a_line_of_its_own(
@@ -165,7 +155,7 @@ async def test_a_plain_result_logs_in_its_batch_line_and_a_retry_on_a_line_of_it
     await flow.answer(plain, result=invoice())
     await flow.map(plain.job_id)
     retried = await recognition_factory.create_job(status="processing")
-    await flow.answer(retried, result={"document_type": "invoice", "fields": {"total": 1.0}})
+    await flow.answer(retried, status="error", error={"code": "INTERNAL_ERROR"})
     outcome = await flow.map(retried.job_id)
 
     mapping = [m for m in mailroom_logs.messages(logging.INFO) if "mapped" in m]
@@ -263,7 +253,10 @@ async def test_mail_is_final_only_when_every_file_is_and_timeouts_count(
     assert mapped.finalized_mail_id is None
     assert (await recognition_factory.mail(mail_id))["status"] == "stored"
 
-    watchdog = await expire_recognition_deadlines(db_sessions, now=T0 + timedelta(seconds=31))
+    # The last attempt (no retry left): the timeout settles the file.
+    watchdog = await expire_recognition_deadlines(
+        db_sessions, now=T0 + timedelta(seconds=31), automatic_attempts=1
+    )
 
     assert watchdog.timed_out == [slow.job_id]
     assert watchdog.finalized_mail_ids == [mail_id]

@@ -176,8 +176,11 @@ async def test_an_ack_alone_revives_and_the_watchdog_still_bounds_the_job(
     assert (await recognition_factory.file(ref.file_id))["status"] == "PROCESSING"
     assert (await recognition_factory.mail(ref.mail_id))["status"] == "stored"
 
-    # No result ever comes: past the reply deadline the watchdog ends it as for any acked job.
-    await expire_recognition_deadlines(db_sessions, now=T0 + timedelta(seconds=301))
+    # No result ever comes: past the reply deadline the watchdog ends it as for any acked job
+    # (on its last attempt: no retry).
+    await expire_recognition_deadlines(
+        db_sessions, now=T0 + timedelta(seconds=301), automatic_attempts=1
+    )
     assert (await recognition_factory.job(ref.job_id))["status"] == "timeout"
     assert (await recognition_factory.mail(ref.mail_id))["status"] == "final"
 

@@ -32,7 +32,8 @@ async def test_jobs_past_their_deadline_time_out_and_their_current_files_fail(
         status="processing", reply_deadline=deadline, current=False
     )
 
-    outcome = await expire_recognition_deadlines(db_sessions, now=T0)
+    # Every job on its last attempt: a timeout settles the file (retries: the test below).
+    outcome = await expire_recognition_deadlines(db_sessions, now=T0, automatic_attempts=1)
 
     assert sorted(outcome.timed_out) == sorted(
         [published.job_id, processing.job_id, old_attempt.job_id]
@@ -65,7 +66,9 @@ async def test_more_due_jobs_than_the_batch_size_all_time_out_across_batches(
         for _ in range(5)
     ]
 
-    outcome = await expire_recognition_deadlines(db_sessions, now=T0, batch_size=2)
+    outcome = await expire_recognition_deadlines(
+        db_sessions, now=T0, batch_size=2, automatic_attempts=1
+    )
 
     assert sorted(outcome.timed_out) == sorted(ref.job_id for ref in refs)
     for ref in refs:
@@ -94,3 +97,36 @@ async def test_a_job_locked_by_someone_else_is_skipped_not_waited_on(
     # Released and still due: the next pass takes it.
     later = await expire_recognition_deadlines(db_sessions, now=T0, batch_size=1)
     assert later.timed_out == [held.job_id]
+
+
+async def test_a_timeout_is_retryable_re_sent_once_as_a_new_attempt_then_it_settles(
+    db_sessions, recognition_factory
+):
+    deadline = T0 - timedelta(seconds=1)
+    ref = await recognition_factory.create_job(status="processing", reply_deadline=deadline)
+
+    first = await expire_recognition_deadlines(db_sessions, now=T0, automatic_attempts=2)
+
+    assert first.timed_out == [ref.job_id] and first.finalized_mail_ids == []
+    [replayed] = first.replayed
+    assert (replayed.old_job_id, replayed.attempt) == (ref.job_id, 2)
+    job = await recognition_factory.job(ref.job_id)
+    assert (job["status"], job["error_code"]) == ("timeout", "TIMEOUT")
+    file = await recognition_factory.file(ref.file_id)
+    assert (file["status"], file["current_recognition_job_id"]) == (
+        "UPLOADED",
+        replayed.new_job_id,
+    )
+    assert (await recognition_factory.job(replayed.new_job_id))["status"] == "queued"
+    [audit] = await recognition_factory.rows("SELECT * FROM audit_event")
+    assert (audit["action"], audit["actor_id"]) == ("recognition.replayed", "recognition.watchdog")
+
+    # The retry times out too: no attempt left, the file ends ERROR and its mail is final.
+    await recognition_factory.set_job(
+        replayed.new_job_id, status="processing", reply_deadline=deadline
+    )
+    second = await expire_recognition_deadlines(db_sessions, now=T0, automatic_attempts=2)
+
+    assert (second.timed_out, second.replayed) == ([replayed.new_job_id], [])
+    assert (await recognition_factory.file(ref.file_id))["status"] == "ERROR"
+    assert second.finalized_mail_ids == [ref.mail_id]

@@ -12,8 +12,6 @@ from mailroom.errors import ExtractionError
 from mailroom.recognition import finality
 from mailroom.recognition.contract.asyncapi import (
     ASYNCAPI_FILE,
-    MAILROOM_ERROR_CODES,
-    SERVICE_ERROR_CODES,
     build_asyncapi,
     example_result_document,
     msg_id_pattern,
@@ -29,6 +27,7 @@ from mailroom.recognition.contract.models import (
     request_msg_id,
     result_msg_id,
 )
+from mailroom.recognition.contract.rules import MAILROOM_ERROR_CODES, SERVICE_ERROR_CODES
 from mailroom.recognition.inbox import attempts as inbox_attempts
 from mailroom.recognition.mapping import run as mapping
 from mailroom.service.answering import TRANSIENT_CODES
@@ -159,11 +158,11 @@ def test_the_result_document_example_is_the_contract(document):
     assert RecognitionResult.model_validate(example) == example_result_document()
 
 
-def test_the_error_codes_are_the_ones_the_code_uses(document):
-    assert document["x-error-codes"] == {
-        "service": SERVICE_ERROR_CODES,
-        "mailroom": MAILROOM_ERROR_CODES,
-    }
+def test_the_error_codes_are_the_rule_books_and_the_ones_the_code_uses(document):
+    for who, codes in (("service", SERVICE_ERROR_CODES), ("mailroom", MAILROOM_ERROR_CODES)):
+        assert document["x-error-codes"][who] == {
+            e.code: {"class": e.error_class, "meaning": e.meaning} for e in codes
+        }
     mailroom_codes = {
         mapping.INVALID_RESULT,
         mapping.FOREIGN_BUCKET,
@@ -174,12 +173,12 @@ def test_the_error_codes_are_the_ones_the_code_uses(document):
         "TIMEOUT",
         "INVALID_REQUEST",
     }
-    assert set(MAILROOM_ERROR_CODES) == mailroom_codes
+    assert {e.code for e in MAILROOM_ERROR_CODES} == mailroom_codes
     extraction = {cls.code for cls in [ExtractionError, *ExtractionError.__subclasses__()]}
-    assert extraction | TRANSIENT_CODES <= set(SERVICE_ERROR_CODES)
+    assert extraction | TRANSIENT_CODES <= {e.code for e in SERVICE_ERROR_CODES}
     description = document["components"]["messages"]["recognitionResult"]["description"]
-    for code in [*SERVICE_ERROR_CODES, *MAILROOM_ERROR_CODES]:
-        assert f"`{code}`" in description
+    for e in [*SERVICE_ERROR_CODES, *MAILROOM_ERROR_CODES]:
+        assert f"`{e.code}` ({e.error_class})" in description
 
 
 def test_the_document_is_plain_json():

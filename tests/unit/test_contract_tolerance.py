@@ -183,7 +183,7 @@ def test_the_schemas_accept_minor_and_refuse_major_versions(stem, version, valid
 def test_an_answer_needs_only_job_file_and_status():
     assert set(_schema("recognition_response")["required"]) == {"job_id", "file_id", "status"}
     response = parse_response(json.dumps(_answer()).encode())
-    assert response.schema_version == "1.0"
+    assert response.schema_version.startswith("1.")
 
 
 def test_an_answer_without_service_is_recorded_as_unknown():

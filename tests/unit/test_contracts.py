@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from mailroom.recognition.contract.models import (
     CONTRACTS_DIR,
+    SCHEMA_VERSION,
     SCHEMAS,
     ObjectRef,
     RecognitionRequest,
@@ -177,7 +178,7 @@ def test_dump_is_compact_json_without_nulls_and_round_trips():
     assert isinstance(wire, bytes)
     body = json.loads(wire)
     assert body == {
-        "schema_version": "1.0",
+        "schema_version": SCHEMA_VERSION,
         "job_id": str(JOB_ID),
         "file_id": 7,
         "status": "processing",

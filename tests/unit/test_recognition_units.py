@@ -105,20 +105,21 @@ def test_judge_checks_required_fields_confidence_and_document_type():
         service_status="done",
         settings=settings,
     )
-    assert (ok.file_status, ok.retryable, ok.document["status"]) == ("RECOGNIZED", False, "ok")
+    assert (ok.file_status, ok.error_class, ok.document["status"]) == ("RECOGNIZED", None, "ok")
 
+    # A file that needs a check has no error class: it waits for a person, never re-sent.
     missing = judge(_result(invoice_number=("", 0.9)), service_status="done", settings=settings)
-    assert missing.file_status == "NEEDS_CHECK" and missing.retryable
+    assert (missing.file_status, missing.error_class) == ("NEEDS_CHECK", None)
     assert missing.document["missing_fields"] == ["invoice_number", "total"]
 
     low = judge(_result("generic", title=("x", 0.5)), service_status="done", settings=settings)
-    assert low.retryable and low.document["low_confidence_fields"] == ["title"]
+    assert low.error_class is None and low.document["low_confidence_fields"] == ["title"]
 
     unknown = judge(_result("recipe"), service_status="done", settings=settings)
-    assert (unknown.file_status, unknown.retryable) == ("NEEDS_CHECK", False)
+    assert (unknown.file_status, unknown.error_class) == ("NEEDS_CHECK", None)
 
     asked = judge(_result("generic"), service_status="needs_check", settings=settings)
-    assert (asked.file_status, asked.retryable) == ("NEEDS_CHECK", False)
+    assert (asked.file_status, asked.error_class) == ("NEEDS_CHECK", None)
 
 
 def _incoming(name: str, acked: list[str], size: int = 2) -> IncomingMessage:

@@ -21,8 +21,6 @@ from mailroom.recognition.contract.models import (
     CONTRACTS_DIR,
     MSG_ID_HEADER,
     RESULT_SCHEMA_VERSION,
-    SCHEMA_VERSION,
-    SERVICE_ERROR,
     ObjectRef,
     RecognitionRequest,
     RecognitionResponse,
@@ -34,36 +32,17 @@ from mailroom.recognition.contract.models import (
     request_msg_id,
     result_msg_id,
 )
+from mailroom.recognition.contract.rules import (
+    CONTRACT_VERSION,
+    MAILROOM_ERROR_CODES,
+    SERVICE_ERROR_CODES,
+    VERSION_POLICY,
+    ErrorCode,
+)
 from mailroom.settings import NatsSettings, RecognitionSettings, StorageSettings
 
 ASYNCAPI_FILE = "asyncapi.json"
 _UUID = "[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
-
-#: Codes a service puts in ``error.code``. Mailroom treats them alike (see ``asyncapi.json``).
-SERVICE_ERROR_CODES: dict[str, str] = {
-    "INVALID_REQUEST": "The request breaks the contract or names an object it may not read.",
-    "NOT_FOUND": "The file is not in the object store at `s3`.",
-    "UNREADABLE": "The file is not readable as its `file_type`.",
-    "EMPTY": "The file holds no data.",
-    "UNSUPPORTED_TYPE": "The service does not handle this `file_type`.",
-    "STORAGE_UNAVAILABLE": "The object store could not be reached (transient).",
-    "INTERNAL_ERROR": "The service failed (transient).",
-    SERVICE_ERROR: "Recorded by Mailroom for an `error` answer that gives no code.",
-}
-
-#: Codes Mailroom itself sets on a job; a service never sends them.
-MAILROOM_ERROR_CODES: dict[str, str] = {
-    "INVALID_REQUEST": "The request could not be built from the contract; never sent.",
-    "NO_ACK": "No ack after every republish: the job is dead-lettered (`dlq`). "
-    "A later genuine answer still revives it.",
-    "TIMEOUT": "No result before `reply_deadline`.",
-    "INVALID_RESULT": "The result document is missing, unreadable, not the contract "
-    "(`recognition_result.schema.json`) or names another job.",
-    "RESULT_FOREIGN_BUCKET": "`result_s3` is outside the results bucket.",
-    "RESULT_TOO_LARGE": "The result document is larger than `max_result_bytes`.",
-    "INBOX_ATTEMPTS_EXHAUSTED": "Applying the answer kept killing Mailroom's workers.",
-    "MAPPING_ATTEMPTS_EXHAUSTED": "Mapping the result kept killing Mailroom's workers.",
-}
 
 _EXAMPLE_JOB = uuid.UUID("0b7e4f36-5d0c-4c52-9a55-6f1d8e2a4b10")
 _EXAMPLE_SERVICE = ServiceInfo(name="acme-recognizer", version="2.3.1")
@@ -188,8 +167,12 @@ def _message(
     }
 
 
-def _code_list(codes: dict[str, str]) -> str:
-    return "\n".join(f"- `{code}`: {text}" for code, text in codes.items())
+def _code_list(codes: tuple[ErrorCode, ...]) -> str:
+    return "\n".join(f"- `{e.code}` ({e.error_class}): {e.meaning}" for e in codes)
+
+
+def _code_table(codes: tuple[ErrorCode, ...]) -> dict[str, dict[str, str]]:
+    return {e.code: {"class": e.error_class, "meaning": e.meaning} for e in codes}
 
 
 def build_asyncapi() -> dict[str, Any]:
@@ -227,7 +210,7 @@ def build_asyncapi() -> dict[str, Any]:
         "asyncapi": "3.0.0",
         "info": {
             "title": "Mailroom recognition contract",
-            "version": SCHEMA_VERSION,
+            "version": CONTRACT_VERSION,
             "description": (
                 "Mailroom asks recognition services to read stored files and takes their "
                 "answers. A service acks each request (`processing`), writes its result "
@@ -238,8 +221,9 @@ def build_asyncapi() -> dict[str, Any]:
                 f"result at `reply_deadline` (now + {recognition.reply_deadline_s:g} s) ends as "
                 "`TIMEOUT`. With JetStream the subjects are captured by the stream "
                 f"`{nats.stream_name}` (duplicate window {nats.duplicate_window_s} s on "
-                f"`{MSG_ID_HEADER}`). Readers ignore unknown fields and accept any `1.x` "
-                'schema version. See the documentation, "Writing a recognition service".'
+                f"`{MSG_ID_HEADER}`). Readers ignore unknown fields. "
+                + VERSION_POLICY
+                + ' See the documentation, "Writing a recognition service".'
             ),
         },
         "defaultContentType": "application/json",
@@ -321,9 +305,10 @@ def build_asyncapi() -> dict[str, Any]:
                     "RecognitionResponse",
                     "Result",
                     "`done` / `needs_check` after the result document is written to "
-                    "`result_s3`, or `error` with a code. Error codes a service sends "
-                    "(free-form, upper snake case; Mailroom records the code and retries any "
-                    "error as a new attempt while `automatic_attempts` allows):\n\n"
+                    "`result_s3`, or `error` with a code. Each code is `retryable` (re-sent as "
+                    "a new attempt while `automatic_attempts` allows) or `permanent` (never "
+                    "re-sent); `error.permanent` overrides the code's class, and a code not "
+                    "listed is retryable. Codes a service sends (upper snake case):\n\n"
                     + _code_list(SERVICE_ERROR_CODES)
                     + "\n\nCodes Mailroom sets on a job itself:\n\n"
                     + _code_list(MAILROOM_ERROR_CODES),
@@ -331,7 +316,10 @@ def build_asyncapi() -> dict[str, Any]:
                 ),
             },
         },
-        "x-error-codes": {"service": SERVICE_ERROR_CODES, "mailroom": MAILROOM_ERROR_CODES},
+        "x-error-codes": {
+            "service": _code_table(SERVICE_ERROR_CODES),
+            "mailroom": _code_table(MAILROOM_ERROR_CODES),
+        },
         "x-result-document": {
             "schema": {"$ref": "#/components/schemas/RecognitionResult"},
             "example": example_result_document().model_dump(mode="json"),

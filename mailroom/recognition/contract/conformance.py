@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import time
 import uuid
 from collections.abc import Callable
@@ -25,7 +24,8 @@ from pydantic import ValidationError
 
 from mailroom.adapters.nats import NatsClient, OutgoingMessage, ResultSubscription
 from mailroom.adapters.storage import ObjectStore, content_key
-from mailroom.errors import AppError
+from mailroom.errors import AppError, InvalidMessage
+from mailroom.recognition.contract import rules
 from mailroom.recognition.contract.models import (
     MSG_ID_HEADER,
     ObjectRef,
@@ -34,7 +34,6 @@ from mailroom.recognition.contract.models import (
     RecognitionResponse,
     RecognitionResult,
     dump,
-    parse_json_object,
     request_msg_id,
 )
 from mailroom.recognition.contract.transport_check import (
@@ -59,8 +58,6 @@ SAMPLES: dict[Pipeline, tuple[str, bytes]] = {
 }
 #: How often the collector looks for new messages, in seconds.
 POLL_S = 0.05
-#: ``{job_id}:{attempt}:ack`` or ``…:result``.
-_MSG_ID = re.compile(r"^(?P<job>[0-9a-f-]{36}):(?P<attempt>[0-9]+):(?P<kind>ack|result)$")
 
 
 @dataclass(frozen=True)
@@ -75,11 +72,20 @@ class CheckTimeouts:
 
 @dataclass(frozen=True)
 class CheckRow:
-    """One rule of the contract and whether the service kept it."""
+    """One rule of the contract and whether the service kept it.
+
+    ``warned``: kept as far as Mailroom is concerned (it accepts what the service did), but
+    the service should change it; the row passes.
+    """
 
     name: str
     passed: bool
     detail: str
+    warned: bool = False
+
+    @classmethod
+    def of(cls, name: str, finding: rules.Finding) -> CheckRow:
+        return cls(name, finding.level != "fail", finding.detail, warned=finding.level == "warn")
 
 
 @dataclass
@@ -98,13 +104,25 @@ class _Job:
     messages: list[_Received] = field(default_factory=list)
 
     def responses(self) -> list[tuple[_Received, RecognitionResponse]]:
+        """The answers the rule book accepts (``rules.read_answer``), as the inbox reads them."""
         parsed = []
         for message in self.messages:
             try:
-                parsed.append((message, RecognitionResponse.model_validate_json(message.data)))
-            except ValidationError:
+                parsed.append((message, rules.read_answer(message.data)))
+            except InvalidMessage:
                 continue
         return parsed
+
+    def broken(self, *, ack: bool) -> list[_Received]:
+        """Acks or results the rule book refuses: Mailroom ends the job ``INVALID_RESULT``."""
+        return [
+            m
+            for m in self.messages
+            if (rules.status_of(m.data) == "processing") is ack and rules.contract_problem(m.data)
+        ]
+
+    def answered(self) -> bool:
+        return bool(self.results() or self.broken(ack=False))
 
     def results(self) -> list[tuple[_Received, RecognitionResponse]]:
         return [(m, r) for m, r in self.responses() if not r.is_ack]
@@ -138,7 +156,7 @@ class _Exchange:
         )
 
     def take(self, msg_id: str | None, data: bytes, reply: str = "") -> None:
-        job = self.jobs.get(_job_named(msg_id, data) or "")
+        job = self.jobs.get(rules.job_named(msg_id, data) or "")
         if job is not None:
             job.messages.append(_Received(time.monotonic(), msg_id, data, reply))
 
@@ -210,7 +228,7 @@ async def _run(
     await exchange.send(missing)
     await exchange.send(invalid, json.dumps(invalid_body).encode())
     everyone = [*samples.values(), missing, invalid]
-    await _wait_until(lambda: all(j.results() for j in everyone), timeouts.result_s)
+    await _wait_until(lambda: all(j.answered() for j in everyone), timeouts.result_s)
 
     # Idempotency: the tabular request again, once its first result is in.
     repeated = samples["tabular"]
@@ -223,22 +241,25 @@ async def _run(
             timeouts.result_s,
         )
 
+    attempts = exchange.settings.recognition.automatic_attempts
     rows: list[CheckRow] = [CheckRow(buckets.name, buckets.passed, buckets.detail)]
     for name, job in samples.items():
         rows.append(_ack_row(name, job, timeouts))
-        rows.append(_result_row(name, job, timeouts))
+        rows.append(_result_row(name, job, timeouts, attempts))
     rows.append(_msg_id_row(everyone))
     publishing = publishing_row(
         (Answer(m.msg_id, m.reply) for job in everyone for m in job.messages),
         stream=stream,
         subject=exchange.settings.nats.subject(exchange.settings.nats.results_subject),
     )
-    rows.append(CheckRow(publishing.name, publishing.passed, publishing.detail))
+    rows.append(
+        CheckRow(publishing.name, publishing.passed, publishing.detail, warned=publishing.warned)
+    )
     rows.append(_contract_row(everyone))
     rows.append(await _document_row(list(samples.values()), store, exchange.settings))
     rows.append(_idempotency_row(repeated, repeat_sent_at_s))
     rows.append(_invalid_row(invalid))
-    rows.append(_missing_row(missing))
+    rows.append(_missing_row(missing, attempts))
     return rows
 
 
@@ -267,49 +288,53 @@ def _ack_row(pipeline: str, job: _Job, timeouts: CheckTimeouts) -> CheckRow:
     name = f"ack ({pipeline})"
     acks, results = job.acks(), job.results()
     if not acks:
+        broken = job.broken(ack=True)
+        if broken:
+            problem = rules.contract_problem(broken[0].data)
+            return CheckRow(name, False, f"{problem}: Mailroom ends the job INVALID_RESULT")
         return CheckRow(name, False, f"no ack within {timeouts.ack_s:g} s")
     waited = acks[0][0].at_s - job.sent_at_s
     if waited > timeouts.ack_s:
         return CheckRow(name, False, f"ack after {waited:.2f} s (limit {timeouts.ack_s:g} s)")
-    if results and results[0][0].at_s < acks[0][0].at_s:
-        return CheckRow(name, False, "the result came before the ack")
+    order = rules.ordering_finding(acks[0][0].at_s, results[0][0].at_s if results else None)
+    if order.level != "pass":
+        return CheckRow.of(name, order)
     return CheckRow(name, True, f"ack after {waited:.2f} s, before the result")
 
 
-def _result_row(pipeline: str, job: _Job, timeouts: CheckTimeouts) -> CheckRow:
+def _result_row(pipeline: str, job: _Job, timeouts: CheckTimeouts, attempts: int) -> CheckRow:
     name = f"result ({pipeline})"
     results = job.results()
     if not results:
+        broken = job.broken(ack=False)
+        if broken:
+            problem = rules.contract_problem(broken[0].data)
+            return CheckRow(name, False, f"{problem}: Mailroom ends the job INVALID_RESULT")
         return CheckRow(name, False, f"no result within {timeouts.result_s:g} s")
     received, response = results[0]
     waited = received.at_s - job.sent_at_s
+    outcome = rules.outcome_of(response, automatic_attempts=attempts)
     if response.status == "error":
-        code = response.error.code if response.error else "no code"
-        return CheckRow(name, False, f"the sample was answered error {code}")
-    return CheckRow(name, True, f"{response.status} after {waited:.2f} s")
+        return CheckRow(name, False, f"the sample was answered error: {outcome}")
+    return CheckRow(name, True, f"{response.status} after {waited:.2f} s; {outcome}")
 
 
 def _msg_id_row(jobs: list[_Job]) -> CheckRow:
     name = "message ids"
     count = 0
+    warning: rules.Finding | None = None
     for job in jobs:
         request = job.request
         for message in job.messages:
             count += 1
-            kind = "ack" if _status_of(message.data) == "processing" else "result"
-            expected = f"{request.job_id}:{request.attempt}:{kind}"
-            if message.msg_id != expected:
-                return CheckRow(
-                    name, False, f"Nats-Msg-Id {message.msg_id!r}, expected {expected!r}"
-                )
+            ack = rules.status_of(message.data) == "processing"
+            finding = rules.msg_id_finding(message.msg_id, request.job_id, request.attempt, ack=ack)
+            if finding.level == "fail":
+                return CheckRow.of(name, finding)
+            warning = warning or (finding if finding.level == "warn" else None)
+    if warning is not None:
+        return CheckRow.of(name, warning)
     return CheckRow(name, count > 0, f"{count} messages with {{job_id}}:{{attempt}}:ack|result")
-
-
-def _status_of(data: bytes) -> object:
-    try:
-        return parse_json_object(data).get("status")
-    except ValueError:
-        return None
 
 
 def _contract_row(jobs: list[_Job]) -> CheckRow:
@@ -325,16 +350,10 @@ def _contract_row(jobs: list[_Job]) -> CheckRow:
 
 
 def _response_problem(request: RecognitionRequest, data: bytes) -> str | None:
-    try:
-        response = RecognitionResponse.model_validate(parse_json_object(data))
-    except ValidationError as exc:
-        first = exc.errors(include_url=False, include_input=False)[0]
-        where = ".".join(map(str, first["loc"])) or "message"
-        return f"{where}: {first['msg']}"
-    except ValueError as exc:
-        return f"not a JSON object ({type(exc).__name__})"
-    if response.status in ("done", "needs_check") and response.result_s3 is None:
-        return f"status {response.status} without result_s3"
+    problem = rules.contract_problem(data)
+    if problem:
+        return problem
+    response = rules.read_answer(data)
     if response.file_id != request.file_id:
         return f"file_id {response.file_id}, the request's is {request.file_id}"
     return None
@@ -407,7 +426,7 @@ def _invalid_row(job: _Job) -> CheckRow:
     return CheckRow(name, True, "error INVALID_REQUEST")
 
 
-def _missing_row(job: _Job) -> CheckRow:
+def _missing_row(job: _Job, attempts: int) -> CheckRow:
     name = "missing object → error"
     results = job.results()
     if not results:
@@ -415,20 +434,4 @@ def _missing_row(job: _Job) -> CheckRow:
     response = results[0][1]
     if response.status != "error":
         return CheckRow(name, False, f"answered {response.status}")
-    return CheckRow(name, True, _answer_of(response))
-
-
-def _job_named(msg_id: str | None, data: bytes) -> str | None:
-    """The job a message is about: from its msg id, else from its body."""
-    if msg_id:
-        match = _MSG_ID.match(msg_id)
-        if match:
-            return match["job"]
-        head = msg_id.split(":", 1)[0]
-        if head:
-            return head
-    try:
-        job_id = parse_json_object(data).get("job_id")
-    except ValueError:
-        return None
-    return str(job_id) if job_id is not None else None
+    return CheckRow(name, True, rules.outcome_of(response, automatic_attempts=attempts))

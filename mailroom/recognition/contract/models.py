@@ -1,11 +1,12 @@
-"""The NATS contract with recognition services (schema version 1.0).
+"""The NATS contract with recognition services (schema version 1.1): the shapes of its messages.
 
 Requests go out on ``files.tabular_uploaded`` / ``files.img_uploaded``; acks and
 results come back on ``files.tabular_parsed``. Each message carries a
 ``Nats-Msg-Id`` header built from the job id and attempt, so every hop can
 dedupe on a stable key. JSON Schemas of these models and the AsyncAPI document
 (``asyncapi.py``) are checked in under ``contracts/``
-(``python -m mailroom.recognition.contract --write``).
+(``python -m mailroom.recognition.contract --write``). What Mailroom does with
+each message, and the error codes, are in the rule book, ``rules.py``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Annotated, Any, Literal
 import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION: Literal["1.0"] = "1.0"
+SCHEMA_VERSION: Literal["1.1"] = "1.1"
 RESULT_SCHEMA_VERSION: Literal["1.0"] = "1.0"
 #: Versions Mailroom reads: any minor version of major 1 (``1.0``, ``1.7``), never ``2.x``.
 SUPPORTED_VERSION_PATTERN = r"^1\.[0-9]+$"
@@ -40,9 +41,9 @@ SchemaVersion = Annotated[
         pattern=SUPPORTED_VERSION_PATTERN,
         max_length=20,
         description=(
-            "Contract version, `MAJOR.MINOR`. Any `1.x` is read (a minor version only adds "
-            "optional fields, which readers ignore); another major version is rejected. "
-            "Omitted means `1.0`."
+            "Contract version of the sender, `MAJOR.MINOR`. Any `1.x` is read (a minor version "
+            "only adds optional fields, which readers ignore); another major version is "
+            "refused. Omitted: read like any `1.x`."
         ),
     ),
 ]
@@ -57,10 +58,14 @@ JobId = Annotated[
 ]
 FileId = Annotated[
     int,
+    # NOTE: strict: "4182" is not converted; the schema says integer, and a service that
+    # sends a string would have it refused by any other reader of the schema.
     Field(
+        strict=True,
         description=(
-            "Mailroom's stored file id: an integer (a database id), not a UUID. An answer echoes the "
-            "request's value; an answer whose `file_id` differs from its job's is rejected."
+            "Mailroom's stored file id: a JSON integer (a database id), not a UUID and not a "
+            "string. An answer echoes the request's value; an answer whose `file_id` differs "
+            "from its job's is rejected."
         ),
     ),
 ]
@@ -178,6 +183,15 @@ class ResponseError(_Contract):
         default="",
         max_length=4000,
         description="For people: what went wrong. Never the file's content.",
+    )
+    permanent: bool | None = Field(
+        default=None,
+        strict=True,
+        description=(
+            "Since 1.1. `true`: a new attempt cannot help, the file ends ERROR at once; "
+            "`false`: worth another attempt. Omitted: the code's class (`retryable` or "
+            "`permanent`, listed in `asyncapi.json`); a code not listed is retryable."
+        ),
     )
 
 

@@ -17,7 +17,6 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
 
 from prometheus_client import Counter
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -40,8 +39,6 @@ CONTRACT_ERROR_CODES = (INVALID_RESULT, FOREIGN_BUCKET, RESULT_TOO_LARGE)
 #: At most one Sentry event per (service, reason) within this many seconds.
 SENTRY_WINDOW_S = 600.0
 
-#: Longest service name kept as a label or in a log line (the name comes from the message).
-MAX_SERVICE_CHARS = 64
 
 CONTRACT_VIOLATIONS = Counter(
     "mailroom_recognition_contract_violations_total",
@@ -61,16 +58,6 @@ class Violation:
     service: str = UNKNOWN_SERVICE
     #: The job's ``error_code`` when this violation fails it.
     code: str = INVALID_RESULT
-
-
-def service_of(body: Any) -> str:
-    """The ``service.name`` a broken message gave, cleaned for labels; ``unknown`` if none."""
-    service = body.get("service") if isinstance(body, dict) else None
-    name = service.get("name") if isinstance(service, dict) else None
-    if not isinstance(name, str):
-        return UNKNOWN_SERVICE
-    cleaned = "".join(c for c in name if c.isprintable())[:MAX_SERVICE_CHARS].strip()
-    return cleaned or UNKNOWN_SERVICE
 
 
 class _Window:

@@ -14,7 +14,8 @@ from datetime import datetime
 from typing import Any, cast
 
 from mailroom.db.models import FINAL_JOB_STATUSES
-from mailroom.recognition.contract.models import RecognitionResponse, ack_msg_id, result_msg_id
+from mailroom.recognition.contract import rules
+from mailroom.recognition.contract.models import RecognitionResponse
 from mailroom.recognition.finality import MAX_REASON_CHARS, short_repr
 from mailroom.recognition.inbox.messages import InboxOutcome, Parsed
 from mailroom.recognition.inbox.revive import revivable, revive
@@ -108,25 +109,27 @@ def apply_one(
         )
         batch.outcomes.append(InboxOutcome("file_mismatch", job.id))
         return
-    msg_id = parsed.msg_id
-    if msg_id is None:
-        derive = ack_msg_id if response.is_ack else result_msg_id
-        msg_id = derive(job.id, job.row["attempt"])
+    msg_id = rules.answer_msg_id(parsed.msg_id, job.id, job.row["attempt"], ack=response.is_ack)
+    named = rules.msg_id_finding(parsed.msg_id, job.id, job.row["attempt"], ack=response.is_ack)
+    if named.level == "warn":
         batch.log(
             logging.WARNING,
             "Recognition message for job %s has no Nats-Msg-Id; using %s",
             job.id,
             msg_id,
         )
-    elif not _names_the_attempt(msg_id, job):
+    elif named.level == "fail":
         # An answer names the request it answers: one under another attempt or another job's
-        # id answers no request of this job (forged, or misdirected), so it is never applied.
+        # id answers no request of this job (forged, or misdirected), and one of the other
+        # kind would make JetStream drop the job's ack or result as a duplicate of the other.
         batch.log(
             logging.WARNING,
-            "Recognition message for job %s ignored: its Nats-Msg-Id %s is not of attempt %d",
+            "Recognition message for job %s ignored: its Nats-Msg-Id %s is not of attempt %d "
+            "as its %s",
             job.id,
             short_repr(msg_id),
             job.row["attempt"],
+            "ack" if response.is_ack else "result",
         )
         batch.outcomes.append(InboxOutcome("msg_id_mismatch", job.id))
         return
@@ -135,13 +138,6 @@ def apply_one(
         batch.outcomes.append(_apply_ack(batch, job, response, clock))
     else:
         batch.outcomes.append(_apply_result(batch, job, response, msg_id, clock))
-
-
-def _names_the_attempt(msg_id: str, job: Job) -> bool:
-    """Whether ``msg_id`` is ``{job_id}:{attempt}:…`` of this job's attempt."""
-    job_id, _, rest = msg_id.partition(":")
-    attempt, _, _kind = rest.partition(":")
-    return job_id == str(job.id) and attempt == str(job.row["attempt"])
 
 
 def _apply_ack(
@@ -193,6 +189,10 @@ def _apply_result(
 
     theirs = response.metrics.model_dump(exclude_none=True) if response.metrics else {}
     ours = row["metrics"] if isinstance(row["metrics"], dict) else {}
+    error_class = rules.answer_error_class(response)
+    if error_class is not None:
+        # Decided here, where the answer is: mapping retries by it (``rules.is_retried``).
+        theirs = {**theirs, rules.ERROR_CLASS_KEY: error_class}
     error = response.error
     error_code = (error.code if error else "SERVICE_ERROR") if response.status == "error" else None
     error_message = (error.message[:MAX_REASON_CHARS] if error else None) if error_code else None

@@ -5,10 +5,10 @@ are loaded in one statement, their result JSON read from the object store
 concurrently and outside any transaction, and the decisions written in one short
 transaction that locks the jobs and re-checks ``mapped_at`` (``mapping_write.py``),
 so a redelivered, retried or swept mapping changes nothing twice.
-A failed attempt (an ``error`` result, an unreadable result file, or a document
-missing a required field or below the confidence threshold) is replayed as a
-new attempt until ``automatic_attempts`` are spent; then the file settles as
-ERROR or NEEDS_CHECK (``mapping_verdict.py``).
+An ``error`` result of a retryable class is replayed as a new attempt until
+``automatic_attempts`` are spent; a permanent error, a result document off the
+contract and a file that needs a check settle at once, as ERROR or NEEDS_CHECK
+(the rule book, ``contract/rules.py``; ``verdict.py``).
 
 Each try is counted on the jobs before their results are read (``attempts.py``).
 A batch counts ``mapping_batch_attempts``; a job with a count left over (an
@@ -38,11 +38,11 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from mailroom.db.engine import autocommit
 from mailroom.recognition import attempts
+from mailroom.recognition.contract import rules
 from mailroom.recognition.contract.models import UNKNOWN_SERVICE
 from mailroom.recognition.contract.violations import (
     FOREIGN_BUCKET,
     INVALID_RESULT,
-    MAX_SERVICE_CHARS,
     RESULT_TOO_LARGE,
     Violation,
     report_violation,
@@ -98,6 +98,7 @@ _LOAD = text(
     f"""
     SELECT j.id, j.status, j.attempt, j.mapped_at, j.error_code, j.error_message,
            j.result_msg_id, j.service_name, o.bucket, o.key,
+           j.metrics ->> '{rules.ERROR_CLASS_KEY}' AS error_class,
            {_count_sql(attempts.MAPPING_ATTEMPTS)} AS deaths,
            {_count_sql(attempts.MAPPING_BATCH_ATTEMPTS)} AS batch_deaths
       FROM recognition_job AS j
@@ -345,25 +346,30 @@ async def _decide(store: ResultReader, job: Any, settings: RecognitionSettings) 
     """The verdict on a job's result (read from the store unless the job is an ``error``)."""
     if job.status == "error":
         reason = f"{job.error_code or 'SERVICE_ERROR'}: {job.error_message or ''}"
-        verdict = Verdict("ERROR", reason=reason[:MAX_REASON_CHARS], retryable=True)
+        # The class the inbox recorded from the answer; a job older than classes: its code's.
+        recorded = job.error_class if job.error_class in ("retryable", "permanent") else None
+        error_class = recorded or rules.error_class(job.error_code)
+        verdict = Verdict("ERROR", reason=reason[:MAX_REASON_CHARS], error_class=error_class)
     else:
         # NOTE: looked up on this module at each call, so fault probes can wrap it.
         loaded = await load_result(
             store, job.bucket, job.key, job_id=job.id, max_bytes=settings.max_result_bytes
         )
         if isinstance(loaded, Unusable):
-            service = (job.service_name or UNKNOWN_SERVICE)[:MAX_SERVICE_CHARS]
+            service = (job.service_name or UNKNOWN_SERVICE)[: rules.MAX_SERVICE_CHARS]
             violation = Violation(loaded.code.lower(), loaded.message, service)
             report_violation(violation, job_id=job.id, where="result document")
             verdict = Verdict(
                 "ERROR",
                 reason=f"{loaded.code}: {loaded.message}"[:MAX_REASON_CHARS],
-                retryable=True,
+                error_class=rules.error_class(loaded.code),
                 invalid_result=loaded,
             )
         else:
             verdict = judge(loaded, service_status=job.status, settings=settings)
-    retry = verdict.retryable and job.attempt < settings.automatic_attempts
+    retry = rules.is_retried(
+        verdict.error_class, attempt=job.attempt, automatic_attempts=settings.automatic_attempts
+    )
     return Decision(job.id, verdict, retry=retry)
 
 

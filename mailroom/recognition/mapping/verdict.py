@@ -14,6 +14,7 @@ from pydantic import ValidationError
 
 from mailroom.errors import PermanentError
 from mailroom.recognition.contract.models import RecognitionResult, parse_json_object
+from mailroom.recognition.contract.rules import ErrorClass
 from mailroom.recognition.contract.violations import (
     FOREIGN_BUCKET,
     INVALID_RESULT,
@@ -57,8 +58,9 @@ class Verdict:
 
     file_status: Literal["RECOGNIZED", "NEEDS_CHECK", "ERROR"]
     reason: str | None = None
-    #: This attempt failed in a way a new attempt may fix.
-    retryable: bool = False
+    #: The class of the attempt's error (``rules.error_class``); None when it ended without
+    #: one: RECOGNIZED, or NEEDS_CHECK, which waits for a person and is never re-sent.
+    error_class: ErrorClass | None = None
     document: dict[str, Any] | None = None
     #: Set when the result file itself was unusable.
     invalid_result: Unusable | None = None
@@ -156,6 +158,5 @@ def judge(
     return Verdict(
         file_status="RECOGNIZED" if ok else "NEEDS_CHECK",
         reason=None if ok else "; ".join(reasons)[:MAX_REASON_CHARS],
-        retryable=bool(missing or low),
         document=document,
     )
