@@ -60,7 +60,7 @@ async def _apply_in_one_transaction(
     async with psycopg_autocommit(sessions) as pg:
         jobs = await inbox_write.lock(pg, uuid_array({p.response.job_id for p in parsed}))
         batch = _apply_rules(parsed, jobs, now)
-        await inbox_write.write_back(pg, jobs, now)
+        await inbox_write.write_back(pg, jobs, now, unkept=batch.unkept)
     batch.emit()
     return batch
 
@@ -175,7 +175,9 @@ async def _apply_batch(
     """
     try:
         batch = _apply_rules(parsed, jobs, now)
-        await inbox_write.write_back(pg, jobs, now, attempt_id=attempt_id, release=True, ids=ids)
+        await inbox_write.write_back(
+            pg, jobs, now, attempt_id=attempt_id, release=True, ids=ids, unkept=batch.unkept
+        )
         batch.emit()
         return batch.outcomes
     except Exception as exc:

@@ -119,6 +119,9 @@ class Parsed:
     subject: str
     response: RecognitionResponse
     msg_id: str | None
+    #: ``result_s3`` names an object in the configured results bucket (checked at parse); only
+    #: such an object is deleted when the answer is not kept (``rules.Batch.unkept``).
+    in_results_bucket: bool = False
 
 
 def parse_message(
@@ -171,4 +174,6 @@ def parse_message(
         service = service_of({"service": {"name": response.service.name}})
         violation = Violation("unsafe_result_key", f"result_s3.key {problem}", service)
         return InboxOutcome("rejected", response.job_id, violation=violation)
-    return Parsed(subject, response, msg_id)
+    return Parsed(
+        subject, response, msg_id, in_results_bucket=ref is not None and results_bucket is not None
+    )

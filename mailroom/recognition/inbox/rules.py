@@ -64,6 +64,9 @@ class Batch:
     acks: int = 0
     #: Results applied, by the status they gave their job.
     results: Counter[str] = field(default_factory=Counter)
+    #: (bucket, key) of result documents named by answers the batch did not keep (late, for
+    #: an unknown or erased job, not of the job's attempt): deleted unless registered.
+    unkept: list[tuple[str, str]] = field(default_factory=list)
 
     def log(self, level: int, message: str, *args: Any) -> None:
         self.logs.append((level, message, args))
@@ -88,6 +91,25 @@ def apply_one(
 
     ``now`` is the caller's time, else the transaction's, which each locked row carries.
     """
+    outcomes = len(batch.outcomes)
+    _apply_one(batch, jobs, parsed, now)
+    if batch.outcomes[outcomes:] and batch.outcomes[-1].applied in _NOT_KEPT:
+        ref = parsed.response.result_s3
+        if ref is not None and parsed.in_results_bucket:
+            # Nothing refers to it, and nothing will: the document (the file's content as
+            # recognized) goes, so an erased or settled mail leaves none behind.
+            batch.unkept.append((ref.bucket, ref.key))
+
+
+#: Outcomes of a result that is not applied to its job.
+_NOT_KEPT = frozenset(
+    {"unknown_job", "file_mismatch", "msg_id_mismatch", "result_late", "result_duplicate"}
+)
+
+
+def _apply_one(
+    batch: Batch, jobs: dict[uuid.UUID, Job], parsed: Parsed, now: datetime | None
+) -> None:
     response = parsed.response
     job = jobs.get(response.job_id)
     if job is None:

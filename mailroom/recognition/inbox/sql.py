@@ -69,6 +69,23 @@ REGISTER = psycopg_sql(
     )
 )
 
+# Result documents named by answers the batch did not keep: queued for deletion unless an
+# object row registers them (``lifecycle.objects``: the retention pass deletes them after its
+# grace, and keeps one registered meanwhile). After the write-back, so a key the same batch
+# registered is kept.
+DISCARD = psycopg_sql(
+    text(
+        """
+    INSERT INTO object_deletion (bucket, key)
+    SELECT DISTINCT r.bucket, r.key
+      FROM json_to_recordset(CAST(:rows AS json)) AS r(bucket text, key text)
+     WHERE NOT EXISTS (SELECT 1 FROM stored_object AS o WHERE o.bucket = r.bucket AND o.key = r.key)
+     ORDER BY r.bucket, r.key
+    ON CONFLICT (bucket, key) DO UPDATE SET requested_at = now()
+    """
+    )
+)
+
 # The rows come as ``json``, not ``jsonb``: read once, they need no ``jsonb`` built first
 # (100 job rows: 0.75-0.83 ms against 1.02-1.06 in a loop of ``*_to_recordset`` alone).
 # The jobs and their current files in one statement (Postgres runs a data-modifying WITH

@@ -93,11 +93,13 @@ async def write_back(
     attempt_id: uuid.UUID | None = None,
     release: bool = False,
     ids: str | None = None,
+    unkept: Sequence[tuple[str, str]] = (),
 ) -> None:
     """Write the changed jobs and files back, end the attempt, ``COMMIT`` (and let go).
 
     ``ids``: the ``uuid[]`` literal the jobs were locked by, if at hand (the write-back
     joins its rows on the ids of the changed jobs, so a superset serves as well).
+    ``unkept``: result documents of answers not kept, queued for deletion (``DISCARD``).
     """
     changed = [job for job in jobs if job.changed]
     params = _write_back_params(changed, now, attempt_id, ids) if changed else None
@@ -116,6 +118,9 @@ async def write_back(
                 await pg.execute(_REOPEN_MAILS, reopen)
         elif attempt_id is not None:
             await pg.execute(_END_BATCH, {"id": attempt_id}, prepare=True)
+        if unkept:
+            rows = inbox_sql.to_json([{"bucket": b, "key": k} for b, k in unkept])
+            await pg.execute(inbox_sql.DISCARD, {"rows": rows})
         await pg.execute("COMMIT")
         if release:
             await pg.execute(inbox_sql.RELEASE)
