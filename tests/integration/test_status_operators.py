@@ -163,6 +163,26 @@ def test_status_says_when_jetstream_and_the_object_store_are_unreachable(seeded,
     assert "unreachable" in out
 
 
+def test_status_masks_the_credentials_of_every_url_it_names(seeded, monkeypatch):
+    closed = free_port()
+    secret = "Status-Url-Secret-31"
+    for name, value in {
+        "NATS__URL": f"nats://{secret}@127.0.0.1:{closed}",
+        "NATS__CONNECT_TIMEOUT_S": "0.5",
+        "STORAGE__KIND": "s3",
+        "STORAGE__S3_ENDPOINT_URL": f"http://s3-user:{secret}@127.0.0.1:{closed}/?token={secret}",
+        "STORAGE__S3_RETRIES": "0",
+        "STORAGE__S3_CONNECT_TIMEOUT_S": "0.5",
+    }.items():
+        monkeypatch.setenv(f"MAILROOM_{name}", value)
+    report = _json_status()
+    assert report["object_store"]["where"] == f"http://s3-user:***@127.0.0.1:{closed}/?token=***"
+    assert f"nats://***@127.0.0.1:{closed}" in report["jetstream"]["error"]
+    result = CliRunner().invoke(app, ["status"])
+    assert result.exit_code == 0, result.output
+    assert secret not in json.dumps(report) and secret not in result.output
+
+
 def test_status_reads_the_delivery_stream_from_its_own_redis(seeded, redis_url, monkeypatch):
     stream_url = redis_url.rsplit("/", 1)[0] + "/3"
     monkeypatch.setenv("MAILROOM_DELIVERY__REDIS_URL", stream_url)
