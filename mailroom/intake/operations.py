@@ -118,7 +118,8 @@ async def reset_mailbox(
 ) -> CursorView:
     """Set ``last_uid`` (the next poll reads above it) and clear any failure or block.
 
-    Moving back re-reads mails; those already stored are skipped by dedupe.
+    Moving back re-reads mails; those already stored are skipped by dedupe, erased ones by
+    their tombstones (``intake.tombstones``).
     Moving forward skips mails for good: that is the operator's decision.
     """
     if uid < 0:

@@ -11,9 +11,11 @@ import pytest
 from sqlalchemy import func, select
 
 from mailroom.adapters.storage import content_key
-from mailroom.db.models import ErasedMail, InboundMail
+from mailroom.db.models import ErasedMail, InboundMail, ObjectDeletion
+from mailroom.intake.batch import BatchContext
 from mailroom.intake.operations import reset_mailbox
 from mailroom.lifecycle.erase import erase_mail
+from mailroom.lifecycle.objects import delete_queued_objects
 from mailroom.settings import IntakeSettings
 from tests.fixtures.imap import make_mail, new_folder, on_every_server
 
@@ -106,3 +108,23 @@ async def test_a_copy_in_another_folder_or_a_second_delivery_is_skipped(intake_e
     async with intake_env.sessions() as session:
         count = await session.scalar(select(func.count()).select_from(InboundMail))
     assert count == 1
+
+
+async def test_a_mail_erased_while_its_group_was_prepared_leaves_no_object(intake_env, monkeypatch):
+    secret, _ = await _ingest_and_erase(intake_env)
+
+    # The erase commits after the group's check and before the mail's statement.
+    async def too_early(self, mails):
+        return [False] * len(mails)
+
+    monkeypatch.setattr(BatchContext, "erased", too_early)
+    await reset_mailbox(intake_env.sessions, "box", uid=0, operator="ops")
+    outcome = await intake_env.poll()
+
+    assert outcome.status == "done" and outcome.result.erased == 1
+    async with intake_env.sessions() as session:
+        queued = {row.key for row in await session.scalars(select(ObjectDeletion))}
+    attachment = content_key(SECRET_CSV, prefix="attachments", suffix=".csv")
+    assert attachment in queued
+    await delete_queued_objects(intake_env.sessions, intake_env.store, grace_s=0)
+    await _assert_nothing_of_it(intake_env, secret)
