@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import asdict
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -25,6 +26,7 @@ from mailroom.cli.status_links import jetstream_state, object_store_state
 from mailroom.db.dsn import psycopg_dsn
 from mailroom.db.engine import create_engine, create_sessionmaker
 from mailroom.db.models import (
+    PIPELINES,
     ChannelMessage,
     InboundMail,
     MailboxCursor,
@@ -41,6 +43,7 @@ from mailroom.ops.attention import (
 )
 from mailroom.recognition.contract.violations import CONTRACT_ERROR_CODES
 from mailroom.recognition.gate import closed_gates, gate_lines
+from mailroom.recognition.outbox.declared import undeclared_waiting
 from mailroom.redaction import mask_urls
 from mailroom.settings import Settings
 from scheduling.leader import current_leader
@@ -84,6 +87,10 @@ async def collect_status(settings: Settings) -> dict[str, Any]:
             ]
             report["contract_violations"] = await _contract_violations(session)
             report["recognition_gate"] = await closed_gates(session)
+            report["undeclared_types"] = [
+                asdict(waiting)
+                for waiting in await undeclared_waiting(session, settings.recognition, PIPELINES)
+            ]
             # Final items waiting for a person; superseded attempts are history, not work.
             report["stopped"] = await needs_operator(session)
             report["oldest_s"] = await oldest_per_stage(session)
@@ -215,6 +222,13 @@ def _print_work(report: dict[str, Any], console: Console) -> None:
     console.print(counts)
     for line in gate_lines(report["recognition_gate"]):
         console.print(line, style="bold red", markup=False)
+    for waiting in report["undeclared_types"]:
+        console.print(
+            f"{waiting['files']} {waiting['pipeline']} file(s) of type {waiting['file_type']} "
+            "wait: no recognition service declares it (recognition.file_types)",
+            style="bold yellow",
+            markup=False,
+        )
 
     stopped = Table(title="Needs an operator (current items only)", box=box.SIMPLE_HEAD)
     stopped.add_column("item")

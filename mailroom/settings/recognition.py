@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from mailroom.document_types import DocumentType
 from mailroom.settings.base import (
     StrictModel,
 )
+
+#: In ``file_types``: every file type of the pipeline.
+ANY_TYPE = "*"
+PipelineName = Literal["tabular", "image"]
+
+
+def _every_type() -> dict[PipelineName, list[str]]:
+    return {"tabular": [ANY_TYPE], "image": [ANY_TYPE]}
 
 
 class RecognitionSettings(StrictModel):
@@ -55,6 +65,16 @@ class RecognitionSettings(StrictModel):
     #: (no republish counted, no ``dlq``, no timeout) until a service answers, in seconds. Keep
     #: it under ack_timeout_s x (max_republish + 1), or jobs are dead-lettered before it closes.
     silence_after_s: float = Field(default=60.0, gt=0)
+    #: The file types the recognition services handle, per pipeline (intake's names: csv,
+    #: tsv, xlsx, xls, txt; pdf, png, jpeg, tiff); ``*`` is every type. A file of a type its
+    #: pipeline does not list is not sent: its job waits ``queued``, counted by ``mailroom
+    #: status``, until the type is added here. A pipeline left out lists nothing.
+    file_types: dict[PipelineName, list[str]] = Field(default_factory=_every_type)
+
+    def declared_types(self, pipeline: str) -> list[str] | None:
+        """The file types declared for ``pipeline``; None when every type is."""
+        types = self.file_types.get(pipeline, [])  # type: ignore[call-overload]
+        return None if ANY_TYPE in types else [t.lower().lstrip(".") for t in types]
 
 
 class RecognizerSettings(StrictModel):

@@ -255,3 +255,29 @@ def test_a_filesystem_store_not_created_yet_is_reachable_and_said_so(seeded, tmp
     assert store["reachable"] is True and "not created yet" in store["note"]
     (tmp_path / "state" / "objects").mkdir(parents=True)
     assert "note" not in _json_status()["object_store"]
+
+
+def test_files_of_a_type_no_service_declares_wait_and_status_says_so(
+    seeded, nats_url, tmp_path, monkeypatch
+):
+    with psycopg.connect(libpq_dsn(seeded), autocommit=True) as conn:
+        conn.execute(
+            """
+            INSERT INTO stored_file (id, mail_id, original_name, file_type, status)
+            VALUES (20, 2, 'sheet.xlsx', 'xlsx', 'UPLOADED');
+            INSERT INTO recognition_job (id, file_id, pipeline, status, attempt)
+            VALUES ('00000000-0000-4000-8000-0000000000e1', 20, 'tabular', 'queued', 1);
+            UPDATE stored_file SET current_recognition_job_id = '00000000-0000-4000-8000-0000000000e1'
+             WHERE id = 20;
+            """
+        )
+    monkeypatch.setenv("MAILROOM_NATS__URL", nats_url)
+    monkeypatch.setenv("MAILROOM_STATE_DIR", str(tmp_path))
+    monkeypatch.setenv("MAILROOM_RECOGNITION__FILE_TYPES", '{"tabular": ["csv"], "image": ["*"]}')
+
+    report = _json_status()
+
+    assert report["undeclared_types"] == [{"pipeline": "tabular", "file_type": "xlsx", "files": 1}]
+    result = CliRunner().invoke(app, ["status"])
+    out = _fits_80(result.stdout)
+    assert "1 tabular file(s) of type xlsx wait: no recognition service declares it" in out

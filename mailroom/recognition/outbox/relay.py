@@ -49,6 +49,7 @@ from mailroom.recognition.finality import (
     finalize_mails,
 )
 from mailroom.recognition.outbox import sql as outbox_sql
+from mailroom.recognition.outbox.declared import declared_types_param
 from mailroom.recognition.outbox.requests import RequestWriter
 from mailroom.recognition.outbox.sql import ClaimedJob
 from mailroom.settings import NatsSettings, RecognitionSettings
@@ -154,6 +155,7 @@ async def _claim(
         "held": sorted(held),
         "window": recognition.max_unacked_per_pipeline,
         "pipelines": list(PIPELINES),
+        "types": declared_types_param(recognition, PIPELINES),
     }
     columns, rows = outbox_sql.read_rows(await session.execute(outbox_sql.CLAIM, params))
     # Every pipeline brings a row, with a job or not: its window's free places.

@@ -29,17 +29,20 @@ _NOW = "COALESCE(CAST(:now AS timestamptz), now())"
 # jobs are claimed first, oldest first, and joined to their files after: sorting the join of
 # every candidate (locking carries whole rows) cost a pass more than the rest of it. Every
 # pipeline brings one row even with nothing claimed (its ``free`` places; ``id`` NULL).
+# Queued jobs are taken only of the file types declared for their pipeline (``types``, a
+# comma list; NULL: every type; empty: none, and then the queue is not even read): the
+# others wait queued (declared.py).
 # ``now`` is the caller's time or the transaction's, which every row brings back (``db_now``).
 _JOB_COLUMNS = f"""j.id, j.file_id, j.pipeline, j.status, j.attempt, j.reply_deadline,
                j.request_subject, j.requested_at, {_COUNT} AS republish_count"""
 CLAIM = text(
     f"""
     WITH slots AS (
-        SELECT p.pipeline,
+        SELECT p.pipeline, string_to_array(p.types, ',') AS types,
                GREATEST(:window - (SELECT count(*) FROM recognition_job AS u
                                     WHERE u.status = 'published' AND u.pipeline = p.pipeline),
                         0) AS free
-          FROM unnest(CAST(:pipelines AS text[])) AS p(pipeline)
+          FROM unnest(CAST(:pipelines AS text[]), CAST(:types AS text[])) AS p(pipeline, types)
     ),
     waiting AS (
         SELECT {_JOB_COLUMNS}
@@ -60,8 +63,11 @@ CLAIM = text(
             SELECT {_JOB_COLUMNS}
               FROM recognition_job AS j
              WHERE j.status = 'queued' AND j.pipeline = s.pipeline
+               AND (s.types IS NULL OR EXISTS (
+                    SELECT 1 FROM stored_file AS t
+                     WHERE t.id = j.file_id AND t.file_type = ANY(s.types)))
              ORDER BY j.requested_at, j.id
-             LIMIT LEAST(s.free, :limit)
+             LIMIT CASE WHEN cardinality(s.types) = 0 THEN 0 ELSE LEAST(s.free, :limit) END
                FOR UPDATE OF j SKIP LOCKED
          ) AS q
     ),
