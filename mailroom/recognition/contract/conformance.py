@@ -397,7 +397,7 @@ def _idempotency_row(job: _Job, repeat_sent_at_s: float | None) -> CheckRow:
     name = "idempotency (same request twice)"
     results = job.results()
     if repeat_sent_at_s is None:
-        return CheckRow(name, False, "no result to the first request")
+        return CheckRow(name, False, _silence(job, "no result to the first request"))
     if not any(message.at_s > repeat_sent_at_s for message, _ in results):
         return CheckRow(name, False, "no answer to the repeated request")
     answers = [_answer_of(response) for _, response in results]
@@ -419,18 +419,28 @@ def _invalid_row(job: _Job) -> CheckRow:
     name = "invalid request → INVALID_REQUEST"
     results = job.results()
     if not results:
-        return CheckRow(name, False, "no answer to a request that breaks the contract")
+        return CheckRow(
+            name, False, _silence(job, "no answer to a request that breaks the contract")
+        )
     answer = _answer_of(results[0][1])
     if answer != "error INVALID_REQUEST":
         return CheckRow(name, False, f"answered {answer}")
     return CheckRow(name, True, "error INVALID_REQUEST")
 
 
+def _silence(job: _Job, said: str) -> str:
+    """``said`` when the service did not answer; what was wrong when it answered off the contract."""
+    broken = job.broken(ack=False)
+    if broken:
+        return f"answered off the contract ({rules.contract_problem(broken[0].data)})"
+    return said
+
+
 def _missing_row(job: _Job, attempts: int) -> CheckRow:
     name = "missing object → error"
     results = job.results()
     if not results:
-        return CheckRow(name, False, "silence for a key that does not exist")
+        return CheckRow(name, False, _silence(job, "silence for a key that does not exist"))
     response = results[0][1]
     if response.status != "error":
         return CheckRow(name, False, f"answered {response.status}")
