@@ -475,6 +475,7 @@ def main() -> int:
                     "MAILROOM_REDIS__URL": redis_server.url,
                     "MAILROOM_BROKER__KIND": "redis",
                     "MAILROOM_NATS__URL": nats_server.url,
+                    "MAILROOM_NATS__ALLOW_ANONYMOUS": "true",
                     "MAILROOM_NATS__JETSTREAM": "false",
                     "MAILROOM_NATS__STREAM_NAME": "BENCH",
                     "MAILROOM_NATS__INBOX_DURABLE": "bench-inbox",

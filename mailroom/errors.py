@@ -13,6 +13,7 @@ may wait for it. Permanent: it cannot, until someone changes something.
     │   │   ├── MailboxUnavailable               (IMAP)
     │   │   ├── NatsUnavailable
     │   │   │   └── NatsLoginRefused             (a process exits 2 on it at its start)
+    │   │   │       └── NatsAnonymousRefused     (no login, nats.allow_anonymous off)
     │   │   ├── StorageUnavailable               (object store)
     │   │   ├── ChannelUnavailable               (delivery channel provider)
     │   │   └── OAuthTokenUnavailable            (OAuth 2.0 token endpoint)
@@ -149,6 +150,10 @@ class NatsLoginRefused(NatsUnavailable):
     recognition gate); a long-running process that meets it at its start exits 2 with
     one line instead of retrying: only a change of its settings can help.
     """
+
+
+class NatsAnonymousRefused(NatsLoginRefused):
+    """A NATS link without a login while ``nats.allow_anonymous`` is off (outside ``mailroom dev``)."""
 
 
 class StorageUnavailable(ServiceUnavailable):

@@ -148,6 +148,9 @@ def worker(
     from mailroom.process.logins import EXIT_LOGIN_REFUSED, login_refusals
 
     refusals = login_refusals(settings)
+    # The outbox and the recognition actors open a NATS link: no login, no start (login.py).
+    anonymous = settings.nats.anonymous_refusal()
+    refusals += [anonymous] if anonymous is not None else []
     for refusal in refusals:
         typer.echo(f"mailroom worker: cannot start: {refusal}", err=True)
     if refusals:

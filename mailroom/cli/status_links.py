@@ -13,7 +13,12 @@ import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NatsConnection
 
-from mailroom.adapters.nats.login import connect_error, connect_options, server_urls
+from mailroom.adapters.nats.login import (
+    connect_error,
+    connect_options,
+    refuse_anonymous,
+    server_urls,
+)
 from mailroom.errors import AppError
 from mailroom.settings import Settings
 
@@ -29,6 +34,7 @@ async def jetstream_state(settings: Settings) -> dict[str, Any]:
     report: dict[str, Any] = {"enabled": True, "stream_name": nats_settings.stream_name}
     try:
         servers = server_urls(nats_settings)
+        refuse_anonymous(nats_settings)
     except AppError as exc:
         report["error"] = str(exc)
         return report

@@ -34,7 +34,7 @@ from mailroom.settings import (
     DEV_WEBHOOK_PORT,
     Settings,
 )
-from mailroom.settings.base import DEV_STATE_POSTGRES_DIR
+from mailroom.settings.base import ALLOW_ANONYMOUS_NATS, DEV_STATE_POSTGRES_DIR
 
 logger = logging.getLogger(__name__)
 
@@ -174,6 +174,8 @@ def run_dev(
     os.environ[name] = dev_mailboxes(os.environ.get(name), imap_port=imap_port)
     # The reference recognizer may run beside a mailbox marked real only here (pairing.py).
     os.environ[ALLOW_REAL_MAILBOXES] = "true"
+    # The embedded NATS server takes no login: the one place an open server is meant.
+    os.environ[ALLOW_ANONYMOUS_NATS] = "true"
     settings = Settings(state_dir=Path(state_dir)) if state_dir else Settings()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     console = Console()

@@ -119,6 +119,7 @@ def _settings_env(state: Path, postgres: str, redis: str, nats: str) -> dict[str
         "MAILROOM_DATABASE__URL": postgres,
         "MAILROOM_REDIS__URL": redis,
         "MAILROOM_NATS__URL": nats,
+        "MAILROOM_NATS__ALLOW_ANONYMOUS": "true",  # the embedded server takes no login
         "MAILROOM_STATE_DIR": str(state),
         # No mailbox: nothing to poll, and no dev IMAP server on this machine is touched.
         "MAILROOM_INTAKE__MAILBOXES": "[]",

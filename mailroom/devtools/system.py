@@ -139,6 +139,7 @@ def system_env(
         MAILROOM_BROKER__HEARTBEAT_TIMEOUT_MS="3000",
         MAILROOM_BROKER__MAINTENANCE_INTERVAL_S="0.5",
         MAILROOM_NATS__URL=nats_url,
+        MAILROOM_NATS__ALLOW_ANONYMOUS="true",  # the embedded server takes no login
         MAILROOM_NATS__SUBJECT_PREFIX=f"e2e{tag}.",
         MAILROOM_NATS__STREAM_NAME=f"E2E{tag}",
         MAILROOM_NATS__INBOX_DURABLE=f"inbox{tag}",

@@ -20,6 +20,7 @@ from mailroom.adapters.nats.login import (
     connect_error,
     connect_options,
     is_login_refused,
+    refuse_anonymous,
     server_urls,
 )
 from mailroom.errors import NatsUnavailable
@@ -46,6 +47,7 @@ async def connect(
     Bounded as a whole: after a failed TLS handshake nats-py never returns.
     """
     urls = server_urls(settings)  # a malformed URL fails here in one line
+    refuse_anonymous(settings)  # no login outside `mailroom dev`: NatsLoginRefused, exit 2
     servers = [mask_urls(url) for url in urls]
     outage = OutageLog(f"NATS {', '.join(servers)}", logger=logger)
     nc = NatsConnection()

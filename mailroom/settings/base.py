@@ -27,6 +27,9 @@ DEV_PORTS = frozenset(
     }
 )
 
+#: The variable ``mailroom dev`` and the test harnesses set for their embedded NATS server,
+#: which takes no login (``nats.allow_anonymous``).
+ALLOW_ANONYMOUS_NATS = "MAILROOM_NATS__ALLOW_ANONYMOUS"
 #: Folder under ``state_dir`` where ``mailroom dev`` keeps its Postgres data: where it is
 #: missing, no dev stack has run there (``mailroom.process.dev_defaults``).
 DEV_STATE_POSTGRES_DIR = "postgres"

@@ -170,6 +170,10 @@ class NatsSettings(StrictModel):
     creds_file: Path | None = None
     #: CA and client certificate of the TLS link.
     tls: TlsFiles = TlsFiles()
+    #: Connect without a login. Off, a link with no user, token, NKey or creds file (and none
+    #: in the URL) is refused at start: a server that lets anyone in lets anyone read the
+    #: requests and answer them. ``mailroom dev`` sets it for its embedded server.
+    allow_anonymous: bool = False
     jetstream: bool = True
     stream_name: str = "MAILROOM_FILES"
     #: Copies of the stream Mailroom creates, in servers (3 on a cluster). An existing stream
@@ -223,6 +227,33 @@ class NatsSettings(StrictModel):
         """The servers to connect to: ``servers`` when given, else ``url``."""
         return list(self.servers) if self.servers else [self.url]
 
+    @property
+    def has_login(self) -> bool:
+        """Whether a login is set: user, token, NKey or creds file, or one in a server's URL."""
+        given = self.user or self.token.get_secret_value()
+        in_url = any("@" in url.partition("://")[2].partition("/")[0] for url in self.server_urls)
+        return bool(given or self.nkey_seed_file or self.creds_file or in_url)
+
+    @property
+    def is_dev_stack(self) -> bool:
+        """Whether every server is ``mailroom dev``'s embedded one (loopback, its port)."""
+        return all(_is_dev_nats(url) for url in self.server_urls)
+
+    def anonymous_refusal(self) -> str | None:
+        """One line when this link has no login and ``allow_anonymous`` is off; else None.
+
+        The dev stack's own server is exempt, so a command beside ``mailroom dev`` needs no
+        setting, as for its other links.
+        """
+        if self.allow_anonymous or self.has_login or self.is_dev_stack:
+            return None
+        return (
+            "NATS has no login (nats.user and password, token, nkey_seed_file or creds_file): "
+            "anyone who reaches the server could read the requests and answer them; give "
+            "Mailroom its NATS user, or set MAILROOM_NATS__ALLOW_ANONYMOUS=true for a server "
+            "meant to be open"
+        )
+
     @model_validator(mode="after")
     def _check_login(self) -> NatsSettings:
         """One way to log in, complete, with its files present."""
@@ -250,6 +281,14 @@ class NatsSettings(StrictModel):
         if self.creds_file is not None:
             _check_creds(self.creds_file)
         return self
+
+
+def _is_dev_nats(url: str) -> bool:
+    try:
+        parts = urlsplit(url)
+        return parts.hostname in ("127.0.0.1", "localhost", "::1") and parts.port == DEV_NATS_PORT
+    except ValueError:
+        return False
 
 
 def _read(name: str, path: Path) -> bytes:

@@ -32,6 +32,7 @@ def _settings(urls, **changes) -> NatsSettings:
     tag = uuid.uuid4().hex[:10]
     return NatsSettings(
         servers=urls,
+        allow_anonymous=True,
         stream_name=f"OPS_{tag}",
         inbox_durable=f"inbox_{tag}",
         subject_prefix=f"t{tag}.",

@@ -39,6 +39,8 @@ def _dev_env(ports: dict[str, int]) -> dict[str, str]:
         MAILROOM_DATABASE__URL=f"postgresql+psycopg://postgres@127.0.0.1:{ports['pg']}/mailroom",
         MAILROOM_REDIS__URL=f"redis://127.0.0.1:{ports['redis']}/0",
         MAILROOM_NATS__URL=f"nats://127.0.0.1:{ports['nats']}",
+        # A command beside it (`mailroom dev` sets it for its own children).
+        MAILROOM_NATS__ALLOW_ANONYMOUS="true",
     )
     return env
 

@@ -29,7 +29,13 @@ def test_the_s3_client_has_connect_and_read_timeouts_and_bounded_retries():
 
 async def test_the_nats_client_pings_often_enough_to_notice_a_silent_server(nats_url):
     client = NatsClient(
-        NatsSettings(url=nats_url, jetstream=False, ping_interval_s=3.0, max_outstanding_pings=2)
+        NatsSettings(
+            url=nats_url,
+            allow_anonymous=True,
+            jetstream=False,
+            ping_interval_s=3.0,
+            max_outstanding_pings=2,
+        )
     )
     await client.connect()
     try:

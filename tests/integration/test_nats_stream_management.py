@@ -20,6 +20,7 @@ def settings(nats_url, subject_prefix) -> NatsSettings:
     tag = uuid.uuid4().hex[:10]
     return NatsSettings(
         url=nats_url,
+        allow_anonymous=True,
         subject_prefix=subject_prefix,
         stream_name=f"S_{tag}",
         inbox_durable=f"inbox_{tag}",

@@ -149,6 +149,7 @@ def test_bridge_process_exits_zero_on_sigterm(nats_url, subject_prefix, tmp_path
         **os.environ,
         "MAILROOM_BROKER__KIND": "stub",
         "MAILROOM_NATS__URL": nats_url,
+        "MAILROOM_NATS__ALLOW_ANONYMOUS": "true",
         "MAILROOM_NATS__SUBJECT_PREFIX": subject_prefix,
         "MAILROOM_NATS__STREAM_NAME": f"SIG_{subject_prefix.strip('.')}",
         "MAILROOM_NATS__INBOX_DURABLE": "sig-inbox",

@@ -438,6 +438,7 @@ def test_recognizer_command_answers_with_env_faults_and_exits_0_on_sigterm(
         **os.environ,
         "MAILROOM_STATE_DIR": str(tmp_path),
         "MAILROOM_NATS__URL": recognizer_settings.nats.url,
+        "MAILROOM_NATS__ALLOW_ANONYMOUS": "true",
         "MAILROOM_NATS__SUBJECT_PREFIX": recognizer_settings.nats.subject_prefix,
         "MAILROOM_RECOGNIZER__FAULTS": "drop_acks",
         "MAILROOM_RECOGNIZER__SERVICE_NAME": "ref-under-test",

@@ -228,6 +228,7 @@ async def test_the_command_prints_the_table_and_exits_0_for_the_reference(
         "MAILROOM_STATE_DIR": str(tmp_path),
         "MAILROOM_NATS__SUBJECT_PREFIX": recognizer_settings.nats.subject_prefix,
         "MAILROOM_NATS__STREAM_NAME": recognizer_settings.nats.stream_name,
+        "MAILROOM_NATS__ALLOW_ANONYMOUS": "true",
         "COLUMNS": "160",
     }
     process = await asyncio.create_subprocess_exec(

@@ -23,7 +23,7 @@ async def test_a_nats_server_that_is_not_there_is_one_line_not_one_per_try(caplo
     monkeypatch.setattr(recognizer_connect, "RECONNECT_WAIT_S", 0.1)
     monkeypatch.setattr(recognizer_connect, "OutageLog", partial(OutageLog, clock=lambda: 0.0))
     url = f"nats://127.0.0.1:{free_port()}"
-    settings = NatsSettings(url=url, connect_timeout_s=0.5)
+    settings = NatsSettings(url=url, allow_anonymous=True, connect_timeout_s=0.5)
 
     async def closed() -> None:
         pass

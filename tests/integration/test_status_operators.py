@@ -102,10 +102,13 @@ def test_status_counts_current_work_and_shows_jetstream_and_store_at_80_columns(
     seeded, nats_url, subject_prefix, s3_endpoint, monkeypatch
 ):
     stream_name = f"S{subject_prefix.rstrip('.').upper()}"
-    nats = NatsSettings(url=nats_url, stream_name=stream_name, subject_prefix=subject_prefix)
+    nats = NatsSettings(
+        url=nats_url, allow_anonymous=True, stream_name=stream_name, subject_prefix=subject_prefix
+    )
     asyncio.run(_stream_with_consumer(nats, messages=3))
     for name, value in {
         "NATS__URL": nats_url,
+        "NATS__ALLOW_ANONYMOUS": "true",
         "NATS__STREAM_NAME": stream_name,
         "NATS__SUBJECT_PREFIX": subject_prefix,
         "STORAGE__KIND": "s3",
@@ -147,6 +150,7 @@ def test_status_says_when_jetstream_and_the_object_store_are_unreachable(seeded,
     closed = free_port()
     for name, value in {
         "NATS__URL": f"nats://127.0.0.1:{closed}",
+        "NATS__ALLOW_ANONYMOUS": "true",
         "NATS__CONNECT_TIMEOUT_S": "0.5",
         "STORAGE__KIND": "s3",
         "STORAGE__S3_ENDPOINT_URL": f"http://127.0.0.1:{closed}",

@@ -115,6 +115,7 @@ def test_recognizer_command_refuses_a_real_mailbox_in_one_line_and_exits_2():
         "MAILROOM_INTAKE__MAILBOXES": json.dumps([{**MAILBOX, "real": True}]),
         # Nothing listens here: a recognizer that did not refuse would fail otherwise.
         "MAILROOM_NATS__URL": "nats://127.0.0.1:1",
+        "MAILROOM_NATS__ALLOW_ANONYMOUS": "true",
     }
     result = subprocess.run(
         [sys.executable, "-m", "mailroom", "recognizer"],

@@ -17,7 +17,12 @@ from nats.aio.client import Client as NatsConnection
 from nats.js import JetStreamContext
 
 from mailroom.adapters.nats.backlog import InboxBacklog, read_inbox_backlog
-from mailroom.adapters.nats.login import connect_error, connect_options, server_urls
+from mailroom.adapters.nats.login import (
+    connect_error,
+    connect_options,
+    refuse_anonymous,
+    server_urls,
+)
 from mailroom.adapters.nats.publisher import (
     OutgoingMessage,
     PublishAck,
@@ -78,6 +83,7 @@ class NatsClient:
         if self._nc is not None:
             return
         servers = server_urls(self.settings)
+        refuse_anonymous(self.settings)
         self._closing = False
         self._connect_errors = []
         nc = NatsConnection()

@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 import nats.errors
 
 from mailroom.adapters.tls import client_context
-from mailroom.errors import NatsLoginRefused, NatsUnavailable
+from mailroom.errors import NatsAnonymousRefused, NatsLoginRefused, NatsUnavailable
 from mailroom.redaction import mask_urls
 from mailroom.settings import NatsSettings
 
@@ -44,6 +44,17 @@ def server_urls(settings: NatsSettings) -> list[str]:
     if not (schemes <= set(TCP_SCHEMES) or schemes <= set(WEBSOCKET_SCHEMES)):
         raise NatsUnavailable(f"{setting}: mixes websocket and nats/tls URLs; use one kind")
     return urls
+
+
+def refuse_anonymous(settings: NatsSettings) -> None:
+    """Raise ``NatsAnonymousRefused`` for a link without a login unless ``allow_anonymous``.
+
+    Checked before every connection, so each process refuses at its start (exit 2, as for a
+    refused login) and every command in one line.
+    """
+    refusal = settings.anonymous_refusal()
+    if refusal is not None:
+        raise NatsAnonymousRefused(refusal)
 
 
 def _url_problem(url: str) -> str:
