@@ -22,6 +22,10 @@ WRITE_SCREENSHOTS_ENV = "MAILROOM_WRITE_SCREENSHOTS"
 #: variable.
 write_screenshots_key = pytest.StashKey[bool]()
 
+#: The colour that covers what changes from run to run (times, Message-IDs): the page's own
+#: grey of a status badge, so a covered cell reads as "a value here".
+MASK_COLOUR = "#e6e9ef"
+
 #: Where the docs take the console's images from.
 DOCS_IMAGES = Path(__file__).parents[2] / "docs" / "pages" / "img"
 
@@ -34,12 +38,18 @@ class Screenshots:
         self.taken: list[Path] = []
 
     def take(self, page: Page, name: str, *, hide: list[Locator] | None = None) -> Path:
-        """The visible part of ``page``; ``hide`` covers what changes from run to run (times).
+        """The visible part of ``page``; ``hide`` covers what changes from run to run.
 
         Animations are stopped and the caret hidden, so two runs on one machine draw the
         same pixels wherever the data is the same.
         """
         path = self.folder / f"console-{name}.png"
-        page.screenshot(path=path, animations="disabled", caret="hide", mask=hide or [])
+        page.screenshot(
+            path=path,
+            animations="disabled",
+            caret="hide",
+            mask=hide or [],
+            mask_color=MASK_COLOUR,
+        )
         self.taken.append(path)
         return path

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from playwright.sync_api import Page, expect
+from playwright.sync_api import Locator, Page, expect
 
 from tests.browser.conftest import OPERATOR
 from tests.browser.console import PIPELINE_TIMEOUT_S, Console
@@ -17,9 +17,25 @@ from tests.browser.screenshots import Screenshots
 pytestmark = [pytest.mark.e2e, pytest.mark.browser, pytest.mark.timeout(420)]
 
 
-def _times(page: Page) -> list:
-    """What changes from run to run on the review pages: times and ids."""
-    return [page.locator("td.when, dd.when, time")]
+def _changing(page: Page, *selectors: str) -> list[Locator]:
+    """What changes from run to run on a page (times, Message-IDs), for the screenshots."""
+    return [page.locator(selector) for selector in selectors]
+
+
+#: The queue's "waiting since" column.
+QUEUE_TIMES = "table.queue td:nth-child(8)"
+#: A document page's "Received" and its attempts' times.
+DOCUMENT_TIMES = (
+    ".source dl dd:nth-of-type(3)",
+    "section.fields > table:last-of-type td:nth-child(5)",
+)
+#: A mail's story: its Message-ID and times, its attempts' times, its notifications' times.
+STORY_TIMES = (
+    "main > dl dd:nth-of-type(3)",
+    "main > dl dd:nth-of-type(n+5)",
+    "section.file td:nth-child(n+5):nth-child(-n+8)",
+    'h2:has-text("Notifications") + table td:nth-child(n+7):nth-child(-n+8)',
+)
 
 
 def test_an_operator_corrects_a_missing_total_and_the_notification_carries_it(
@@ -42,7 +58,7 @@ def test_an_operator_corrects_a_missing_total_and_the_notification_carries_it(
     expect(page.locator("dd.subject")).to_have_text("Invoice March")
     expect(page.locator("table.sheet")).to_contain_text("INV-7001")
     expect(page.locator(".fields p.problem")).to_have_text("Missing: total")
-    screenshots.take(page, "document", hide=_times(page))
+    screenshots.take(page, "document", hide=_changing(page, *DOCUMENT_TIMES))
 
     # Correct the total in place and save: the console moves on (the queue, now empty).
     page.locator('#correct-form input[name="field.total"]').fill("1234.56")
@@ -80,6 +96,19 @@ def test_an_operator_corrects_a_missing_total_and_the_notification_carries_it(
         "%correct%",
     ) == [(OPERATOR,)]
 
+    # The mail's whole story, found by its sender: the operator's attempt beside the service's,
+    # the corrected document, and its notifications.
+    page.locator("#search").fill("billing@correct.test")
+    page.locator("#search").press("Enter")
+    expect(page.locator("h1")).to_contain_text("Mail ")
+    attempts = page.locator("section.file table").first
+    expect(attempts.locator("tr.current")).to_contain_text("manual")
+    expect(attempts.locator("tr.current")).to_contain_text(OPERATOR)
+    expect(page.locator("section.file")).to_contain_text("1234.56")
+    notifications = page.locator('h2:has-text("Notifications") + table tbody tr')
+    expect(notifications.filter(has_text="webhook/")).to_have_count(2)
+    screenshots.take(page, "story", hide=_changing(page, *STORY_TIMES))
+
 
 def test_twenty_documents_are_reviewed_one_page_load_each(
     console_system: Console,
@@ -91,7 +120,7 @@ def test_twenty_documents_are_reviewed_one_page_load_each(
     waiting = waiting_files["queue.test"]
     page.goto(f"{console.url}/review?sender=queue.test")
     expect(page.locator("table.queue tbody tr")).to_have_count(QUEUE_LENGTH)
-    screenshots.take(page, "review-queue", hide=_times(page))
+    screenshots.take(page, "review-queue", hide=_changing(page, QUEUE_TIMES))
 
     # Every page the browser loads from here on (redirects are not loads of their own).
     loads: list[str] = []

@@ -9,9 +9,14 @@ from playwright.sync_api import ConsoleMessage, Dialog, Page, expect
 from tests.browser.conftest import VIEWER
 from tests.browser.console import Console
 from tests.browser.mails import HOSTILE_FILE, HOSTILE_NAME, HOSTILE_SUBJECT, HOSTILE_SUPPLIER
+from tests.browser.screenshots import Screenshots
 
 #: The first test of a run waits for the whole system to start and the mails to go through.
 pytestmark = [pytest.mark.e2e, pytest.mark.browser, pytest.mark.timeout(420)]
+
+
+#: The "Needs a person" page's ages of the oldest item per stage, for the screenshot.
+ATTENTION_AGES = 'h2:has-text("Oldest item per stage") + table td:nth-child(2)'
 
 
 def _token(page: Page) -> str:
@@ -20,7 +25,10 @@ def _token(page: Page) -> str:
 
 
 def test_a_viewer_sees_a_document_but_cannot_act_on_it(
-    console_system: Console, waiting_files: dict[str, list[int]], viewer_page: Page
+    console_system: Console,
+    waiting_files: dict[str, list[int]],
+    viewer_page: Page,
+    screenshots: Screenshots,
 ):
     console, page = console_system, viewer_page
     [file_id] = waiting_files["viewer.test"]
@@ -45,6 +53,13 @@ def test_a_viewer_sees_a_document_but_cannot_act_on_it(
         assert answer.status == 403, (action, answer.status)
         assert "only operators act" in answer.text()
     assert console.file_status(file_id) == "NEEDS_CHECK"
+
+    # What needs a person, counted as `mailroom status` counts it, is there to see.
+    page.goto(f"{console.url}/attention")
+    waiting = page.locator("table.counts tr", has_text="files needs check")
+    expect(waiting.locator("td").nth(1)).not_to_have_text("0")
+    expect(waiting.get_by_role("link", name="review them")).to_be_visible()
+    screenshots.take(page, "attention", hide=[page.locator(ATTENTION_AGES)])
 
 
 def test_a_form_posted_without_its_csrf_token_is_refused(
