@@ -15,6 +15,7 @@ from mailroom.recognition.contract.conformance import CheckRow, CheckTimeouts, c
 from mailroom.recognition.contract.models import RecognitionResponse, dump
 from mailroom.recognizer.faults import RecognizerFaults
 from mailroom.recognizer.service import ReferenceRecognizer
+from mailroom.service import Failure
 
 pytestmark = pytest.mark.integration
 
@@ -268,3 +269,38 @@ def test_an_unreachable_nats_is_one_line_without_the_password(monkeypatch, tmp_p
     assert result.exit_code == 1
     assert "cannot reach NATS" in result.output
     assert "pw@" not in result.output
+
+
+class _CsvOnly(ReferenceRecognizer):
+    """Reads CSV only and answers UNSUPPORTED_TYPE to anything else."""
+
+    async def recognize(self, request, data):
+        if request.file_type != "csv":
+            return Failure("UNSUPPORTED_TYPE", f"{request.file_type} is not read here")
+        return await super().recognize(request, data)
+
+
+def _declaring(settings, file_types):
+    recognition = settings.recognition.model_copy(update={"file_types": file_types})
+    return settings.model_copy(update={"recognition": recognition})
+
+
+async def test_a_csv_only_service_passes_when_only_csv_is_declared(recognizer_settings):
+    settings = _declaring(recognizer_settings, {"tabular": ["csv"]})
+    async with _CsvOnly(settings):
+        rows = await _rows(settings)
+
+    names = {row.name for row in rows}
+    assert not {row.name for row in rows if not row.passed}
+    assert "result (tabular)" in names and "result (image)" not in names
+
+
+async def test_a_declared_type_without_a_sample_is_said_so(start_recognizer, recognizer_settings):
+    settings = _declaring(recognizer_settings, {"tabular": ["xlsx"], "image": ["png"]})
+    await start_recognizer()
+
+    rows = {row.name: row for row in await _rows(settings)}
+
+    assert not rows["file types (tabular)"].passed
+    assert "declares xlsx, of which the check has no sample" in rows["file types (tabular)"].detail
+    assert rows["result (image)"].passed

@@ -36,6 +36,7 @@ from mailroom.recognition.contract.models import (
     dump,
     request_msg_id,
 )
+from mailroom.recognition.contract.samples import samples_to_send
 from mailroom.recognition.contract.transport_check import (
     Answer,
     answers_stream,
@@ -44,18 +45,6 @@ from mailroom.recognition.contract.transport_check import (
 )
 from mailroom.settings import Settings
 
-#: Sample files, by pipeline: what each request asks the service to read.
-SAMPLES: dict[Pipeline, tuple[str, bytes]] = {
-    "tabular": ("csv", b"invoice_number,total\nCHECK-1,1250.50\n"),
-    # A 1x1 PNG: an image service reads it; the reference recognizer finds no fields.
-    "image": (
-        "png",
-        bytes.fromhex(
-            "89504e470d0a1a0a0000000d4948445200000001000000010806000000"
-            "1f15c4890000000d49444154789c63000100000500010d0a2db40000000049454e44ae426082"
-        ),
-    ),
-}
 #: How often the collector looks for new messages, in seconds.
 POLL_S = 0.05
 
@@ -200,24 +189,32 @@ async def _run(
     deadline = datetime.now(UTC) + timedelta(seconds=timeouts.result_s)
     # Before the samples are stored: a put would create a missing bucket on S3.
     buckets = await buckets_row(store)
+    to_send, unchecked = samples_to_send(exchange.settings.recognition)
+    rows: list[CheckRow] = [CheckRow(buckets.name, buckets.passed, buckets.detail)]
+    rows += [CheckRow(f"file types ({p})", False, why) for p, why in unchecked.items()]
+    if not to_send:
+        return [*rows, CheckRow("file types", False, "no pipeline declares a type to check")]
     samples: dict[str, _Job] = {}
-    for pipeline, (file_type, data) in SAMPLES.items():
-        key = content_key(data, prefix="conformance", suffix=f".{file_type}")
-        ref = await store.put("incoming", key, data, media_type="application/octet-stream")
-        samples[pipeline] = _Job(
-            _request(pipeline, file_type, ObjectRef(bucket=ref.bucket, key=ref.key), deadline)
+    for sample in to_send:
+        suffix = f".{sample.file_type}"
+        key = content_key(sample.data, prefix="conformance", suffix=suffix)
+        ref = await store.put("incoming", key, sample.data, media_type="application/octet-stream")
+        ref_s3 = ObjectRef(bucket=ref.bucket, key=ref.key)
+        samples[sample.pipeline] = _Job(
+            _request(sample.pipeline, sample.file_type, ref_s3, deadline)
         )
+    # The missing object and the broken request go to a pipeline and type the service reads.
+    first = to_send[0]
+    missing_key = f"conformance/missing/{uuid.uuid4()}.{first.file_type}"
     missing = _Job(
         _request(
-            "tabular",
-            "csv",
-            ObjectRef(
-                bucket=store.bucket("incoming"), key=f"conformance/missing/{uuid.uuid4()}.csv"
-            ),
+            first.pipeline,
+            first.file_type,
+            ObjectRef(bucket=store.bucket("incoming"), key=missing_key),
             deadline,
         )
     )
-    invalid = _Job(_request("tabular", "csv", missing.request.s3, deadline))
+    invalid = _Job(_request(first.pipeline, first.file_type, missing.request.s3, deadline))
     # Breaks the contract (unknown pipeline, no object to read) but names its job.
     invalid_body = json.loads(dump(invalid.request))
     invalid_body["pipeline"] = "audio"
@@ -230,8 +227,8 @@ async def _run(
     everyone = [*samples.values(), missing, invalid]
     await _wait_until(lambda: all(j.answered() for j in everyone), timeouts.result_s)
 
-    # Idempotency: the tabular request again, once its first result is in.
-    repeated = samples["tabular"]
+    # Idempotency: the first sample's request again, once its first result is in.
+    repeated = samples[first.pipeline]
     repeat_sent_at_s: float | None = None
     if repeated.results():
         repeat_sent_at_s = time.monotonic()
@@ -242,7 +239,6 @@ async def _run(
         )
 
     attempts = exchange.settings.recognition.automatic_attempts
-    rows: list[CheckRow] = [CheckRow(buckets.name, buckets.passed, buckets.detail)]
     for name, job in samples.items():
         rows.append(_ack_row(name, job, timeouts))
         rows.append(_result_row(name, job, timeouts, attempts))
