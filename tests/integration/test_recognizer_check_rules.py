@@ -43,6 +43,7 @@ class ScriptedService:
         result_before_ack: bool = False,
         sample_status: str = "done",
         missing_error: dict[str, Any] | None = None,
+        schema_version: str | None = None,
     ) -> None:
         self.settings = settings
         self.store = build_store(settings)
@@ -52,6 +53,7 @@ class ScriptedService:
         self.sample_status = sample_status
         self.missing_error = missing_error or {"code": "NOT_FOUND", "message": "no such object"}
         self.answers: dict[tuple[Any, Any], list[tuple[dict[str, Any], str]]] = {}
+        self.schema_version = schema_version
 
     async def __aenter__(self) -> ScriptedService:
         s = self.settings.nats
@@ -83,6 +85,8 @@ class ScriptedService:
             "file_id": str(file_id) if self.string_file_id else file_id,
             "service": {"name": "scripted", "version": "1"},
         }
+        if self.schema_version is not None:
+            answer["schema_version"] = self.schema_version
         ack = ({**answer, "status": "processing"}, "ack")
         result = ({**answer, **await self._result(request)}, "result")
         return [result, ack] if self.result_before_ack else [ack, result]
@@ -127,6 +131,13 @@ async def test_a_service_that_keeps_every_rule_passes_without_a_warning(recogniz
     assert "NOT_FOUND is permanent: the file ends ERROR, never re-sent" in (
         rows["missing object → error"].detail
     )
+
+
+async def test_a_service_of_the_previous_contract_version_still_passes(recognizer_settings):
+    # 1.0 knows no `error.permanent`; its answers read as they always did.
+    rows = await _rows(recognizer_settings, schema_version="1.0")
+
+    assert set(_verdicts(rows).values()) == {"pass"}, _verdicts(rows)
 
 
 async def test_a_string_file_id_fails_as_the_inbox_fails_the_job(recognizer_settings):

@@ -114,3 +114,21 @@ def test_the_outcome_says_what_mailroom_does():
     )
     ref = {"bucket": "mailroom-results", "key": "r.json"}
     assert "never re-sent" in outcome(status="needs_check", error=None, result_s3=ref)
+
+
+def test_the_models_read_exactly_the_majors_the_rule_book_reads():
+    read = {rules.CURRENT_MAJOR, *rules.PREVIOUS_MAJORS_READ_UNTIL}
+    for major in range(10):
+        accepted = rules.contract_problem(_answer(schema_version=f"{major}.0")) is None
+        assert accepted is (major in read), f"schema_version {major}.0"
+
+
+def test_a_previous_major_is_read_with_a_warning_until_its_stated_day(monkeypatch):
+    assert rules.version_finding("1.0").level == "pass"
+    assert rules.version_finding("2.0").level == "fail"
+    # The day the contract goes to 2.x: 1.x answers are read for the stated window, warned.
+    monkeypatch.setattr(rules, "CURRENT_MAJOR", 2)
+    monkeypatch.setattr(rules, "PREVIOUS_MAJORS_READ_UNTIL", {1: "2028-06-30"})
+    warned = rules.version_finding("1.1")
+    assert warned.level == "warn" and "until 2028-06-30" in warned.detail
+    assert rules.version_finding("0.9").level == "fail"

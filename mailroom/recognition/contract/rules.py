@@ -45,6 +45,12 @@ VERSION_POLICY = (
     "refused like any message off the contract."
 )
 
+#: The major Mailroom speaks, and the previous majors it still reads with the last day each is
+#: read (ISO date, 12 months after the release that bumped the major). The models' version
+#: pattern reads exactly these majors (a unit test holds them together).
+CURRENT_MAJOR = int(CONTRACT_VERSION.split(".")[0])
+PREVIOUS_MAJORS_READ_UNTIL: dict[int, str] = {}
+
 ErrorClass = Literal["retryable", "permanent"]
 #: What the checker makes of one thing a service did: kept, tolerated, or broken.
 Level = Literal["pass", "warn", "fail"]
@@ -253,6 +259,21 @@ def msg_id_finding(
     if msg_id != expected:
         return Finding("fail", f"{MSG_ID_HEADER} {msg_id!r}, expected {expected!r}")
     return Finding("pass", expected)
+
+
+def version_finding(version: str) -> Finding:
+    """An answer's ``schema_version``: the current major passes, a previous one still read warns."""
+    major = version.split(".", 1)[0]
+    if major == str(CURRENT_MAJOR):
+        return Finding("pass", version)
+    until = PREVIOUS_MAJORS_READ_UNTIL.get(int(major)) if major.isdigit() else None
+    if until is not None:
+        return Finding(
+            "warn",
+            f"schema_version {version}: Mailroom reads it until {until}; move to "
+            f"{CONTRACT_VERSION}",
+        )
+    return Finding("fail", f"schema_version {version}: Mailroom reads {CURRENT_MAJOR}.x only")
 
 
 def ordering_finding(ack_at_s: float | None, result_at_s: float | None) -> Finding:
