@@ -28,6 +28,9 @@ class Failure:
 
     code: str
     message: str
+    #: True: retrying cannot help, Mailroom makes no new attempt; False: it may; None: the
+    #: code's class in the contract decides.
+    permanent: bool | None = None
 
 
 def result_key(job_id: uuid.UUID, attempt: int) -> str:
@@ -80,5 +83,7 @@ def error(
         file_id=file_id,
         status="error",
         service=service,
-        error=ResponseError(code=failure.code[:100], message=failure.message[:4000]),
+        error=ResponseError(
+            code=failure.code[:100], message=failure.message[:4000], permanent=failure.permanent
+        ),
     )
