@@ -33,7 +33,7 @@ from mailroom.errors import MailNotFound, MailOnLegalHold
 from mailroom.intake.audit import cursor_target
 from mailroom.intake.tombstones import tombstone
 from mailroom.lifecycle.objects import DeletionReport, delete_queued_objects, release_objects
-from mailroom.lifecycle.scrub import ErasedRecords, scrub_audit
+from mailroom.lifecycle.scrub import ErasedRecords, scrub_audit, scrub_cursor
 
 #: ``action`` of the audit events the operator commands leave.
 ERASE_ACTION = "intake.erase"
@@ -123,6 +123,7 @@ async def _erase_rows(
     if (gone := tombstone(mail.content_sha256, mail.message_id)) is not None:
         session.add(gone)
     queued = await release_objects(session, object_ids)
+    await scrub_cursor(session, mail.cursor_id, mail.uid)
     scrubbed = await scrub_audit(
         session,
         ErasedRecords(

@@ -14,10 +14,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import or_, select
+from sqlalchemy import or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from mailroom.db.models import AuditEvent
+from mailroom.db.models import AuditEvent, MailboxCursor
 
 #: Detail keys that never carry a mail's content: ids, counts, attempts, statuses.
 KEPT = frozenset(
@@ -83,6 +83,15 @@ def _about_uid(event: AuditEvent, records: ErasedRecords) -> bool:
     if detail.get("uid") == records.uid:
         return detail.get("uidvalidity") in (None, records.uidvalidity)
     return detail.get("blocked_uid") == records.uid
+
+
+async def scrub_cursor(session: AsyncSession, cursor_id: int, uid: int) -> None:
+    """A cursor blocked at the erased mail forgets its Message-ID and error (it stays blocked)."""
+    await session.execute(
+        update(MailboxCursor)
+        .where(MailboxCursor.id == cursor_id, MailboxCursor.blocked_uid == uid)
+        .values(blocked_message_id=None, last_error=SCRUBBED)
+    )
 
 
 async def scrub_audit(session: AsyncSession, records: ErasedRecords) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from typer.testing import CliRunner
 
 from mailroom.cli import app
@@ -16,6 +16,7 @@ from mailroom.db.models import (
     ChannelMessage,
     Document,
     InboundMail,
+    MailboxCursor,
     ObjectDeletion,
     RecognitionJob,
     StoredFile,
@@ -163,9 +164,20 @@ async def test_erase_scrubs_the_audit_rows_about_the_mail_and_leaves_the_others(
                 detail={"attempt": 2, "reason": "Jane Roe's payslip was cut"},
             )
 
+    async with transaction(world.sessions) as session:  # the mailbox is blocked at the mail
+        await session.execute(
+            update(MailboxCursor).values(
+                status="blocked", blocked_uid=1, blocked_message_id="<jane@x>", last_error="Jane"
+            )
+        )
+
     report = await erase_mail(world.sessions, world.store, erased.mail_id, operator="dpo")
 
     assert report.audit_rows_scrubbed == 2
+    async with world.sessions() as session:
+        cursor = await session.scalar(select(MailboxCursor))
+    assert (cursor.status, cursor.blocked_uid, cursor.blocked_message_id) == ("blocked", 1, None)
+    assert cursor.last_error == "content removed by erasure"
     rows = {(e.action, e.target, e.detail.get("uid")): e for e in await _all_events(world)}
     scrubbed = rows[("intake.cursor_blocked", "mailbox:billing/INBOX", erased_uid)].detail
     assert scrubbed == {
