@@ -205,6 +205,7 @@ async def test_the_command_fails_a_wrong_service_in_its_table_and_exits_1(
         "MAILROOM_STATE_DIR": str(tmp_path),
         "MAILROOM_NATS__SUBJECT_PREFIX": n.subject_prefix,
         "MAILROOM_NATS__STREAM_NAME": n.stream_name,
+        "MAILROOM_NATS__ALLOW_ANONYMOUS": "true",
         "COLUMNS": "200",
     }
     mistakes = {"string_file_id": True, "no_msg_id": True, "result_before_ack": True}
