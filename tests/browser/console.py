@@ -10,7 +10,7 @@ from playwright.sync_api import Page
 
 from mailroom.devtools.system import System
 
-#: Longest wait for the pipeline to bring mails to a state, in seconds.
+#: Longest wait for a process to answer or the pipeline to bring mails to a state, in seconds.
 PIPELINE_TIMEOUT_S = 180.0
 
 
@@ -20,7 +20,7 @@ class Console:
     url: str
 
     def wait_until_up(self) -> None:
-        self.system.wait_for("the console to answer", self._answers, timeout_s=60)
+        self.system.wait_for("the console to answer", self._answers, timeout_s=PIPELINE_TIMEOUT_S)
 
     def _answers(self) -> bool:
         try:

@@ -47,6 +47,21 @@ def test_an_operator_corrects_a_missing_total_and_the_notification_carries_it(
     console, page = console_system, operator_page
     [file_id] = waiting_files["correct.test"]
 
+    def notifications(marker: str) -> list[str]:
+        """What the webhook received about this mail that says ``marker``."""
+        return [
+            item.body
+            for item in console.system.webhook.received
+            if "billing@correct.test" in item.body and marker in item.body
+        ]
+
+    # The mail is final as it came: its first notification tells of the missing total.
+    console.system.wait_for(
+        "the first notification",
+        lambda: bool(notifications("(missing: total)")),
+        PIPELINE_TIMEOUT_S,
+    )
+
     # The queue lists the file with its reason; its page shows mail, file and fields.
     page.goto(f"{console.url}/review?sender=correct.test")
     row = page.locator("table.queue tbody tr")
@@ -68,27 +83,15 @@ def test_an_operator_corrects_a_missing_total_and_the_notification_carries_it(
     )
     assert console.file_status(file_id) == "RECOGNIZED"
 
-    # The mail is final again, and its notification goes out with the corrected value.
-    def corrected() -> list[str]:
-        return [
-            item.body
-            for item in console.system.webhook.received
-            if "billing@correct.test" in item.body and "total=1234.56" in item.body
-        ]
-
+    # The mail is final again, and a second notification goes out with the corrected value.
+    corrected = "total=1234.56"
     console.system.wait_for(
-        "the corrected notification", lambda: bool(corrected()), PIPELINE_TIMEOUT_S
+        "the corrected notification", lambda: bool(notifications(corrected)), PIPELINE_TIMEOUT_S
     )
-    [body] = corrected()
+    [body] = notifications(corrected)
     assert "invoice-7001.csv: RECOGNIZED as invoice" in body
     assert "invoice_number=INV-7001" in body
-    # The first notification, before the review, told of the missing total.
-    earlier = [
-        item.body
-        for item in console.system.webhook.received
-        if "billing@correct.test" in item.body and item.body != body
-    ]
-    assert earlier and "(missing: total)" in earlier[0]
+    assert len(notifications("billing@correct.test")) == 2
     # The correction is audited under the operator's id.
     assert console.system.query(
         "SELECT actor_id FROM audit_event WHERE target = %s AND action LIKE %s",

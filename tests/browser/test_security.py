@@ -3,10 +3,12 @@ stays text."""
 
 from __future__ import annotations
 
-import pytest
-from playwright.sync_api import ConsoleMessage, Dialog, Page, expect
+import re
 
-from tests.browser.conftest import VIEWER
+import pytest
+from playwright.sync_api import BrowserContext, ConsoleMessage, Dialog, Page, expect
+
+from tests.browser.conftest import OPERATOR, VIEWER
 from tests.browser.console import Console
 from tests.browser.mails import HOSTILE_FILE, HOSTILE_NAME, HOSTILE_SUBJECT, HOSTILE_SUPPLIER
 from tests.browser.screenshots import Screenshots
@@ -15,6 +17,9 @@ from tests.browser.screenshots import Screenshots
 pytestmark = [pytest.mark.e2e, pytest.mark.browser, pytest.mark.timeout(420)]
 
 
+#: The test provider's page where a person chooses who they are.
+PROVIDER_PAGE = re.compile(r"^http://localhost:\d+/oauth2/authorize\?")
+
 #: The "Needs a person" page's ages of the oldest item per stage, for the screenshot.
 ATTENTION_AGES = 'h2:has-text("Oldest item per stage") + table td:nth-child(2)'
 
@@ -22,6 +27,30 @@ ATTENTION_AGES = 'h2:has-text("Oldest item per stage") + table td:nth-child(2)'
 def _token(page: Page) -> str:
     """The session's CSRF token, as every form of the page carries it."""
     return page.locator('input[name="csrf"]').first.get_attribute("value") or ""
+
+
+def test_a_visitor_signs_in_at_the_provider_and_comes_back_to_the_page_asked_for(
+    console_system: Console, waiting_files: dict[str, list[int]], context: BrowserContext
+):
+    console, page = console_system, context.new_page()
+    [file_id] = waiting_files["viewer.test"]
+    asked_for = f"{console.url}/files/{file_id}"
+
+    page.goto(asked_for)
+    expect(page).to_have_url(PROVIDER_PAGE)
+    page.locator(f'button[name="sub"][value="{OPERATOR}"]').click()
+    expect(page).to_have_url(asked_for)
+    expect(page.locator("header .who")).to_have_text(f"{OPERATOR} (operator)")
+    assert console.system.query(
+        "SELECT detail ->> 'role' FROM audit_event WHERE action = %s AND actor_id = %s",
+        "console.signed_in",
+        OPERATOR,
+    )[-1] == ("operator",)
+
+    # Signing out ends the session: the next page sends the visitor to the provider again.
+    page.get_by_role("button", name="Sign out").click()
+    page.goto(f"{console.url}/review")
+    expect(page).to_have_url(PROVIDER_PAGE)
 
 
 def test_a_viewer_sees_a_document_but_cannot_act_on_it(
