@@ -13,6 +13,7 @@ import asyncio
 import typer
 
 from mailroom.cli import errors
+from mailroom.errors import NatsConfigError, NatsPublishFailed
 from mailroom.settings import NatsSettings
 
 app = typer.Typer(no_args_is_help=True, help="Set up NATS for Mailroom (an administrator's step).")
@@ -35,7 +36,22 @@ def setup() -> None:
             err=True,
         )
         raise typer.Exit(errors.EXIT_CONFIG)
-    for line in asyncio.run(_set_up(settings.nats.model_copy(update={"manage_stream": True}))):
+    managed = settings.nats.model_copy(update={"manage_stream": True})
+    try:
+        lines = asyncio.run(_set_up(managed))
+    except NatsPublishFailed as exc:
+        # NOTE: NATS does not answer a call the login may not make; it only logs the violation.
+        typer.echo(
+            f"mailroom: nats setup: {exc}: NATS did not answer; a login that may not manage "
+            f"JetStream gets no answer (nats.user is {managed.user or 'not set'!r}; "
+            "deploy/nats-server.conf's administrator is mailroom-admin)",
+            err=True,
+        )
+        raise typer.Exit(errors.EXIT_UNAVAILABLE) from None
+    except NatsConfigError as exc:
+        typer.echo(f"mailroom: nats setup: {exc}", err=True)
+        raise typer.Exit(errors.EXIT_CONFIG) from None
+    for line in lines:
         typer.echo(line)
 
 

@@ -248,6 +248,28 @@ async def test_nats_setup_makes_the_stream_and_consumer_with_the_administrators_
     )
 
 
+async def test_nats_setup_with_the_runtime_login_fails_in_one_line(deployed_nats, monkeypatch):
+    from typer.testing import CliRunner
+
+    from mailroom.cli import app
+
+    for name, value in {
+        "URL": deployed_nats.url_for(),
+        "USER": "mailroom",
+        "PASSWORD": PASSWORDS["mailroom"],
+        # A stream of a name the runtime user may not even look up: setup has to create it.
+        "STREAM_NAME": "NOT_SET_UP",
+        "PUBLISH_TIMEOUT_S": "1",
+    }.items():
+        monkeypatch.setenv(f"MAILROOM_NATS__{name}", value)
+    result = await asyncio.to_thread(CliRunner().invoke, app, ["nats", "setup"])
+
+    assert result.exit_code == 1, result.output
+    [line] = [line for line in result.output.splitlines() if line.startswith("mailroom:")]
+    assert line.startswith("mailroom: nats setup: stream NOT_SET_UP: timed out: NATS did not")
+    assert "nats.user is 'mailroom'" in line and "mailroom-admin" in line
+
+
 async def test_the_runtime_user_reads_its_consumers_state(mailroom):
     assert await mailroom.inbox_backlog() is not None  # CONSUMER.INFO, for the gate
 
