@@ -36,7 +36,8 @@ class RecognitionSettings(StrictModel):
     #: reference recognizer's 50-100 answers/s, a third of ack_timeout_s at most. For a service
     #: slower than about 17/s (500 / ack_timeout_s), use its rate x 10 s.
     max_unacked_per_pipeline: int = Field(default=500, gt=0)
-    #: Attempts in all (the first included) before a failed result settles.
+    #: Attempts in all (the first included) at a file whose attempt failed with a retryable
+    #: error or TIMEOUT; a permanent error, or a file that needs a check, settles at once.
     automatic_attempts: int = 2
     confidence_threshold: float = 0.8
     #: Per type, the fields its documents need; a list inside ``required`` means one of them:
