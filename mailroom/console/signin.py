@@ -120,11 +120,10 @@ async def _signed_in(request: Request, user: User) -> Response:
         )
     SIGN_INS.labels("signed_in").inc()
     logger.info("%s signed in to the console as %s", user.id, user.role)
-    target = (
-        after
-        if isinstance(after, str) and after.startswith("/") and not after.startswith("//")
-        else "/review"
-    )
+    # Only a path of this site: "//host" and "/\\host" would leave it.
+    target = after if isinstance(after, str) else ""
+    if not target.startswith("/") or target[1:2] in ("/", "\\"):
+        target = "/review"
     return RedirectResponse(target, status_code=303)
 
 

@@ -136,6 +136,20 @@ def process_specs() -> list[tuple[str, list[str]]]:
     ]
 
 
+#: The operators' console of ``mailroom dev``: sign-in with a name and a role, no password,
+#: over plain HTTP on loopback. ``mailroom console`` refuses this sign-in anywhere else.
+DEV_CONSOLE_ENV = {
+    "MAILROOM_CONSOLE__AUTH": "dev",
+    "MAILROOM_CONSOLE__DEV_SIGN_IN": "true",
+    "MAILROOM_CONSOLE__SECURE_COOKIES": "false",
+}
+
+
+def console_spec() -> tuple[str, list[str]]:
+    """The console's process: only ``mailroom dev`` starts it (the e2e harness needs none)."""
+    return "console", [sys.executable, "-m", "mailroom", "console"]
+
+
 def _dev_delivery_env(webhook: WebhookSink, smtp: SmtpSink) -> dict[str, str]:
     """Channels pointed at the local sinks, and routes that use all three channels."""
     routes = [
@@ -224,7 +238,9 @@ def run_dev(
         env = child_env(settings, state)
         for name, value in _dev_delivery_env(webhook, smtp).items():
             env.setdefault(name, value)
-        for name, args in process_specs():
+        for name, value in DEV_CONSOLE_ENV.items():
+            env.setdefault(name, value)
+        for name, args in [*process_specs(), console_spec()]:
             supervisor.add(dev_child(name, args, env, logs / f"{name}.log"))
         _print_ready(console, settings, state, supervisor, webhook, smtp, imap)
         view = StageView(psycopg_dsn(settings.database), console)
@@ -335,6 +351,8 @@ def _print_ready(
     table.add_row("webhook sink", webhook.url)
     table.add_row("smtp sink", f"127.0.0.1:{smtp.port}")
     table.add_row("object store", str((state / settings.storage.root).resolve()))
+    where = settings.console
+    table.add_row("console", f"http://{where.host}:{where.port} (sign in with any name and a role)")
     for child in supervisor.children:
         pid = child.process.pid if child.process else "-"
         table.add_row(child.name, f"pid {pid}, log {child.log_path}")

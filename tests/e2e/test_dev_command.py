@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import psycopg
@@ -42,7 +43,22 @@ def _dev_env(ports: dict[str, int]) -> dict[str, str]:
         # A command beside it (`mailroom dev` sets it for its own children).
         MAILROOM_NATS__ALLOW_ANONYMOUS="true",
     )
+    if "console" in ports:
+        env["MAILROOM_CONSOLE__PORT"] = str(ports["console"])
     return env
+
+
+def _wait_for_console(port: int, run: DevRun) -> None:
+    """The console child answers its health check once it has started."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as answer:
+                if answer.read() == b"ok":
+                    return
+        except OSError:
+            time.sleep(0.3)
+    pytest.fail("the console never answered:\n" + run.output)
 
 
 class DevRun:
@@ -184,8 +200,9 @@ def test_dev_delivers_the_sample_mails_once_and_stops_cleanly_on_ctrl_c(tmp_path
     dsn = f"postgresql://postgres@127.0.0.1:{ports['pg']}/mailroom"
     state_dir = tmp_path / "state"
     samples = len(sample_mails())
+    console_port = free_port()
 
-    run = DevRun(state_dir, ports)
+    run = DevRun(state_dir, {**ports, "console": console_port})
     try:
         assert run.ready.wait(90), "dev did not come up:\n" + run.output
         for port in ports.values():
@@ -193,6 +210,8 @@ def test_dev_delivers_the_sample_mails_once_and_stops_cleanly_on_ctrl_c(tmp_path
         with psycopg.connect(dsn) as conn:
             assert conn.execute("SELECT version_num FROM alembic_version").fetchone()
         _wait_for_scheduler(dsn, run)
+        assert f"http://127.0.0.1:{console_port}" in run.output
+        _wait_for_console(console_port, run)
         # What a new user sees: every sample mail ends as a notification at the webhook sink,
         # and the getting-started page shows where they end.
         run.wait_for_webhooks(samples, 90)
@@ -208,7 +227,7 @@ def test_dev_delivers_the_sample_mails_once_and_stops_cleanly_on_ctrl_c(tmp_path
 
     # A restart keeps the mailbox: the samples are neither seeded nor notified again, and a
     # new mail still gets through (its UID continues above the old ones).
-    run = DevRun(state_dir, ports)
+    run = DevRun(state_dir, {**ports, "console": console_port})
     try:
         assert run.ready.wait(90), "dev did not come back:\n" + run.output
         _wait_for_scheduler(dsn, run)

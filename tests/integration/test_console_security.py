@@ -13,7 +13,7 @@ from starlette.routing import Route
 from starlette.testclient import TestClient
 
 from mailroom.console.app import build_app
-from tests.fixtures.console import console_settings_for, sign_in
+from tests.fixtures.console import console_settings_for, csrf_of, sign_in
 
 pytestmark = pytest.mark.integration
 
@@ -126,3 +126,12 @@ async def test_every_form_of_the_console_refuses_a_post_without_its_csrf_token(c
         assert refused.status_code == 403, (path, refused.status_code)
     assert console.get("/review").status_code == 200
     assert token
+
+
+async def test_sign_in_returns_to_the_page_that_asked_for_it(console):
+    assert console.get("/search?q=nobody", follow_redirects=False).status_code == 303
+    page = console.get("/signin")
+    done = console.post(
+        "/signin", data={"csrf": csrf_of(page.text), "name": "al", "role": "viewer"}
+    )
+    assert done.url.path == "/search" and "No mail has that id" in done.text

@@ -75,3 +75,18 @@ def test_an_html_only_mail_shows_its_text_without_scripts():
         b"<p>Dear desk,</p><script>steal()</script><p>the notice.</p>"
     )
     assert body_text(raw) == "Dear desk,\nthe notice."
+
+
+def test_a_workbook_becomes_rows_of_its_first_sheet():
+    import io
+
+    from openpyxl import Workbook
+
+    workbook = Workbook()
+    sheet = workbook.active
+    sheet.append(["investor", "amount"])
+    sheet.append(["Ada", 500])
+    sheet.append(["Bo", None])
+    data = io.BytesIO()
+    workbook.save(data)
+    assert table_rows(data.getvalue(), "xlsx", 2) == [["investor", "amount"], ["Ada", "500"]]

@@ -132,6 +132,7 @@ def test_every_part_of_the_system_has_a_service():
         ["bridge", "imap"],
         ["scheduler"],
         ["recognizer"],
+        ["console"],
     ):
         assert process in commands, f"no service runs mailroom {' '.join(process)}"
     queues = [_worker_queues(c) for c in commands if c[0] == "worker"]
@@ -318,6 +319,10 @@ def test_postgres_admits_every_connection_the_stack_can_open(settings_of):
             pool = create_engine(database).sync_engine.pool
             opened += pool.size() + pool._max_overflow  # type: ignore[attr-defined]
             continue
+        if command == ["console"]:  # one engine of the settings' pool for the process
+            pool = create_engine(settings_of(service).database).sync_engine.pool
+            opened += pool.size() + pool._max_overflow  # type: ignore[attr-defined]
+            continue
         if command[0] != "worker":
             continue
         threads = _option(command, "--threads", "-t")
@@ -384,3 +389,15 @@ def test_the_sentinel_override_gives_every_mailroom_process_the_sentinels():
         assert environment["MAILROOM_REDIS__SENTINEL_MASTER"] == "mailroom"
     for name in sentinels:
         assert "sentinel monitor mailroom redis 6379 2" in " ".join(services[name]["entrypoint"])
+
+
+def test_the_console_starts_with_its_compose_settings_and_listens_for_the_published_port(
+    settings_of,
+):
+    from mailroom.cli.console import startup_problem
+
+    service = _services()["console"]
+    console = settings_of(service).console
+    assert startup_problem(console) is None
+    assert (console.host, console.auth, console.secure_cookies) == ("0.0.0.0", "oidc", True)
+    assert service["ports"] == [f"{console.port}:{console.port}"]
