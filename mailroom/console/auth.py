@@ -15,8 +15,10 @@ from typing import Any, Literal
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
+from starlette.responses import RedirectResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from mailroom.console.pages import error_page
 from mailroom.settings import ConsoleSettings
 
 Role = Literal["viewer", "operator"]
@@ -122,20 +124,14 @@ class SignInRequired:
         try:
             user = user_of(request, self.settings)
         except HTTPException as exc:
-            from mailroom.console.pages import error_page
-
             await error_page(request, exc.status_code, exc.detail)(scope, receive, send)
             return
         if user is None:
-            from starlette.responses import RedirectResponse
-
             if request.method in ("GET", "HEAD"):
                 target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
                 request.session["after_sign_in"] = target
                 await RedirectResponse("/signin", status_code=303)(scope, receive, send)
                 return
-            from mailroom.console.pages import error_page
-
             await error_page(request, 401, "sign in first")(scope, receive, send)
             return
         scope.setdefault("state", {})["user"] = user

@@ -176,7 +176,7 @@ async def _act(request: Request, file_id: int, form: Any, action: str, act: Any)
         ACTIONS.labels(action, "refused").inc()
         return await _document_page(request, file_id, where, problem=str(exc), status=409)
     ACTIONS.labels(action, "done").inc()
-    user = require_operator(request)
+    user = require_operator(request)  # checked before the action; here for its name
     if action == "rerun":
         notice = f"file {file_id}: attempt {outcome.attempt} queued by {user.id}"
         warning = await run_in_threadpool(state.nudges.publish_requests)
