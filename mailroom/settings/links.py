@@ -180,7 +180,8 @@ class NatsSettings(StrictModel):
     #: with another count is refused, never changed.
     stream_replicas: int = Field(default=1, ge=1, le=5)
     #: Create the stream and the inbox consumer when missing and add the subjects the stream
-    #: lacks; false: only check that both exist (a runtime user without stream-admin rights).
+    #: lacks; false: only check that both exist (a runtime user without stream-admin rights,
+    #: as in production: ``mailroom nats setup`` makes them with an administrator's login).
     manage_stream: bool = True
     #: JetStream duplicate window for ``Nats-Msg-Id`` dedupe, in seconds.
     duplicate_window_s: int = 600
