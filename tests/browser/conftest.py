@@ -19,11 +19,18 @@ from typing import Any
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, BrowserContext, Page, Playwright, sync_playwright
+from playwright.sync_api import (
+    Browser,
+    BrowserContext,
+    Page,
+    Playwright,
+    expect,
+    sync_playwright,
+)
 
 from mailroom.db.engine import libpq_dsn
 from mailroom.db.migrate import PROJECT_ROOT
-from mailroom.devtools.dev import dev_child, process_specs
+from mailroom.devtools.dev import console_spec, dev_child
 from mailroom.devtools.imap import ImapServer
 from mailroom.devtools.sinks import WebhookSink
 from mailroom.devtools.stack import EmbeddedNats, EmbeddedPostgres, EmbeddedRedis, free_port
@@ -35,6 +42,11 @@ from tests.browser.screenshots import DOCS_IMAGES, Screenshots, write_screenshot
 from tests.fixtures.dovecot import require_debian_servers_key
 from tests.fixtures.imap import new_folder
 from tests.fixtures.services import fresh_database
+
+#: How long an expectation waits for the page to show it, in milliseconds: patience on a
+#: loaded machine, not a limit on how fast the console must be.
+EXPECT_TIMEOUT_MS = 15_000
+expect.set_options(timeout=EXPECT_TIMEOUT_MS)
 
 #: The browser's window: fixed, so pages (and their screenshots) lay out the same each run.
 VIEWPORT = {"width": 1280, "height": 800}
@@ -166,11 +178,9 @@ def waiting_files(console_system: Console) -> dict[str, list[int]]:
 
 
 def start_console(system: System) -> None:
-    """``mailroom console`` beside the other processes, unless ``process_specs`` has it."""
-    if "console" in dict(process_specs()):
-        return
-    args = [sys.executable, "-m", "mailroom", "console"]
-    system.supervisor.add(dev_child("console", args, system.env, system.logs / "console.log"))
+    """``mailroom console`` beside the other processes, as ``mailroom dev`` starts it."""
+    name, args = console_spec()
+    system.supervisor.add(dev_child(name, args, system.env, system.logs / f"{name}.log"))
 
 
 def console_env(port: int, url: str, issuer: str) -> dict[str, str]:

@@ -134,6 +134,8 @@ def test_twenty_documents_are_reviewed_one_page_load_each(
         expect(page).to_have_url(re.compile(r"/files/\d+"))
         reviewed.append(int(re.search(r"/files/(\d+)", page.url)[1]))
         expect(page.locator("#accept-form")).to_be_visible()
+        # The keys are the page's deferred script: it runs before the load event.
+        page.wait_for_load_state("load")
         page.keyboard.press("a")  # accept, and on to the next
         expect(page).not_to_have_url(re.compile(rf"/files/{reviewed[-1]}\b"))
     expect(page.locator(".notice")).to_contain_text("nothing left to review")
