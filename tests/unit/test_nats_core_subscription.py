@@ -26,6 +26,7 @@ class _FakeConnection:
 class _Msg:
     def __init__(self, n: int) -> None:
         self.subject, self.data, self.headers = "files.tabular_parsed", str(n).encode(), None
+        self.reply = ""  # core NATS: no reply subject
 
 
 async def test_core_subscription_passes_its_pending_limits_to_nats():
