@@ -46,6 +46,7 @@ may wait for it. Permanent: it cannot, until someone changes something.
     │   ├── ReplayRefused                        (recognition job)
     │   ├── ReviewRefused                        (mailroom review)
     │   ├── NotReplayable                        (channel message)
+    │   ├── NotResolvable                        (channel message not uncertain)
     │   ├── MailNotFound                         (intake erase, hold, release)
     │   ├── MailOnLegalHold
     │   ├── InvalidMessage                       (recognition answer off the contract)
@@ -287,6 +288,10 @@ class ReviewRefused(PermanentError):
 
 class NotReplayable(PermanentError):
     """The channel message is not in a status that can be replayed."""
+
+
+class NotResolvable(PermanentError):
+    """The channel message is not uncertain: there is nothing to resolve."""
 
 
 class MailNotFound(PermanentError):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from enum import StrEnum
 from typing import TypeVar
 
 import redis.asyncio as aioredis
@@ -142,6 +143,48 @@ def replay(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from exc
     typer.echo(f"replayed {len(ids)} message(s)" + (f": {ids[:50]}" if ids else ""))
+
+
+class ResolvedAs(StrEnum):
+    delivered = "delivered"
+    failed = "failed"
+
+
+@app.command()
+def resolve(
+    message_id: int = typer.Option(..., "--id", help="The uncertain message."),
+    outcome: ResolvedAs = typer.Option(
+        ..., "--as", help="delivered (the receiver got it) or failed (it did not)."
+    ),
+) -> None:
+    """Settle an uncertain message once its receiver said whether it arrived (audit-logged).
+
+    failed leaves it for delivery replay, which sends it again.
+    """
+    from mailroom.db.engine import create_engine, create_sessionmaker
+    from mailroom.delivery.resolve import resolve_message
+    from mailroom.errors import NotResolvable
+
+    settings = _settings()
+
+    async def work() -> None:
+        engine = create_engine(settings.database)
+        try:
+            await resolve_message(
+                create_sessionmaker(engine),
+                message_id=message_id,
+                outcome=outcome.value,
+                actor_id=operator_id(),
+            )
+        finally:
+            await engine.dispose()
+
+    try:
+        asyncio.run(work())
+    except NotResolvable as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    typer.echo(f"message {message_id} resolved as {outcome.value}")
 
 
 #: Longest subject made from a notification's text, in characters (RFC 5322's line advice).

@@ -35,6 +35,7 @@ QUESTIONS = {
     "unblock": "Let mailbox {mailbox} ({folder}) be polled again at once, from where it stopped?",
     "replay-job": "Give file {file_id} a new recognition attempt (replays job {job_id})?",
     "replay-message": "Send notification {message_id} again? A receiver may get it twice.",
+    "resolve-message": "Record that notification {message_id} was {outcome}, as its receiver says?",
     "replay-dead-letter": "Send dead letter {message_id} ({queue}) to its actor again?",
 }
 
@@ -117,6 +118,25 @@ async def replay_message(request: Request) -> Response:
     return await _confirmed(request, "replay-message", act)
 
 
+async def resolve_message(request: Request) -> Response:
+    async def act(form: FormData, user: User) -> str:
+        from mailroom.delivery.resolve import OUTCOMES
+        from mailroom.delivery.resolve import resolve_message as resolve
+
+        number, outcome = _text(form, "message_id"), _text(form, "outcome")
+        if not number.isdigit() or outcome not in OUTCOMES:
+            raise ReplayRefused("give a message id and delivered or failed")
+        await resolve(
+            console_state(request).sessions,
+            message_id=int(number),
+            outcome="delivered" if outcome == "delivered" else "failed",
+            actor_id=user.id,
+        )
+        return f"message {number} resolved as {outcome} by {user.id}"
+
+    return await _confirmed(request, "resolve-message", act)
+
+
 async def replay_dead_letter(request: Request) -> Response:
     async def act(form: FormData, user: User) -> str:
         state = console_state(request)
@@ -188,6 +208,7 @@ ROUTES = [
     Route("/attention/unblock", unblock, methods=["POST"], name="unblock"),
     Route("/attention/replay-job", replay_job, methods=["POST"], name="replay_job"),
     Route("/attention/replay-message", replay_message, methods=["POST"], name="replay_message"),
+    Route("/attention/resolve-message", resolve_message, methods=["POST"], name="resolve"),
     Route(
         "/attention/replay-dead-letter",
         replay_dead_letter,

@@ -21,7 +21,8 @@ NEEDS_OPERATOR = {
     "mails_failed": "mailroom intake status",
     "messages_failed": "mailroom delivery status, then replay --id",
     "messages_partial_failed": "mailroom delivery status, then replay --id",
-    "messages_uncertain": "mailroom delivery status, then replay --id",
+    "messages_uncertain": "mailroom delivery status; ask the receiver, then "
+    "resolve --id N --as delivered|failed, or replay --id",
     "cursors_blocked": "mailroom intake status, then unblock / reset --uid",
     "mailboxes_refused": "mailroom intake status (login, folder or certificate), "
     "fix it, then mailroom intake unblock NAME",

@@ -171,3 +171,24 @@ async def test_a_mail_story_is_found_by_message_id_sender_or_id(
     assert "reader" in story and "missing investor_name|customer_id" in story
     assert "https://erp.example/in" in story and "delivered" in story
     assert "No mail has that id" in console.get("/search", params={"q": "nobody"}).text
+
+
+async def test_an_uncertain_notification_is_resolved_as_delivered(console, recognition_factory):
+    [row] = await recognition_factory.rows(
+        "INSERT INTO channel_message (channel, recipient, body, status, attempts) "
+        "VALUES ('email', 'ops@bank.example', 'text', 'uncertain', 1) RETURNING id"
+    )
+    sign_in(console, "olga")
+
+    after = confirm(console, "/attention/resolve-message")
+
+    assert f"message {row['id']} resolved as delivered by olga" in after
+    [message] = await recognition_factory.rows("SELECT status, delivered_at FROM channel_message")
+    assert message["status"] == "delivered" and message["delivered_at"] is not None
+    [event] = await recognition_factory.rows(
+        "SELECT actor_id, detail FROM audit_event WHERE action = 'delivery.resolved'"
+    )
+    assert event == {
+        "actor_id": "olga",
+        "detail": {"previous_status": "uncertain", "outcome": "delivered"},
+    }
