@@ -61,6 +61,12 @@ def check(
     result_timeout_s: float = typer.Option(
         15.0, "--result-timeout", min=0.1, help="Seconds from a request to its result."
     ),
+    puback_timeout_s: float = typer.Option(
+        10.0,
+        "--puback-timeout",
+        min=0.1,
+        help="Seconds a service may wait for a PubAck before it publishes again.",
+    ),
 ) -> None:
     """Check a live recognition service against the contract; exit 1 on any failed row.
 
@@ -76,7 +82,9 @@ def check(
         settings = settings.model_copy(
             update={"nats": settings.nats.model_copy(update={"url": nats_url, "servers": []})}
         )
-    timeouts = CheckTimeouts(ack_s=ack_timeout_s, result_s=result_timeout_s)
+    timeouts = CheckTimeouts(
+        ack_s=ack_timeout_s, result_s=result_timeout_s, puback_s=puback_timeout_s
+    )
     store = build_store(settings)
     try:
         rows = asyncio.run(check_service(settings, store=store, timeouts=timeouts))

@@ -46,7 +46,7 @@ async def test_the_reference_recognizer_passes_every_check(start_recognizer, rec
 
     rows = await _check(recognizer_settings)
 
-    assert len(rows) == 12
+    assert len(rows) == 13
     assert _failed(rows) == set()
 
 
@@ -146,6 +146,44 @@ async def test_answers_published_with_core_nats_into_the_stream_are_explained(
     assert "use js.publish, wait for its PubAck and retry under the same Nats-Msg-Id" in row.detail
     assert "\n" not in row.detail
     assert rows["result (tabular)"].passed
+
+
+class _NoPubAckWait(ReferenceRecognizer):
+    """Publishes with JetStream's reply subject but never waits for the PubAck (fire and forget)."""
+
+    async def start(self) -> None:
+        await super().start()
+        nc, subject = self.kit.nc, self.results_subject
+
+        async def publish(response: RecognitionResponse, msg_id: str) -> None:
+            await nc.publish(
+                subject, dump(response), reply=nc.new_inbox(), headers={"Nats-Msg-Id": msg_id}
+            )
+
+        self.kit.publish = publish  # type: ignore[method-assign]
+
+
+async def test_a_service_that_does_not_wait_for_the_puback_is_told_so(recognizer_settings):
+    async with _NoPubAckWait(recognizer_settings):
+        rows = {row.name: row for row in await _rows(recognizer_settings)}
+
+    assert rows["answers through JetStream"].passed
+    probe = rows["PubAck awaited, then retried"]
+    assert not probe.passed
+    assert "got no PubAck and the service went on to the next answer" in probe.detail
+    assert "publish it again under the same Nats-Msg-Id until it comes" in probe.detail
+
+
+async def test_the_probe_leaves_a_stream_it_did_not_create_alone(
+    start_recognizer, recognizer_settings
+):
+    await start_recognizer()
+    await _rows(recognizer_settings)  # creates the stream
+
+    rows = {row.name: row for row in await _rows(recognizer_settings)}
+
+    probe = rows["PubAck awaited, then retried"]
+    assert probe.passed and probe.warned and "not probed" in probe.detail
 
 
 async def test_a_missing_bucket_is_reported_as_such(start_recognizer, recognizer_settings):

@@ -50,9 +50,13 @@ MAX_CONNECT_ERRORS = 20
 class NatsClient:
     """One NATS connection with reconnects; JetStream when ``settings.jetstream``."""
 
-    def __init__(self, settings: NatsSettings, *, name: str = "mailroom") -> None:
+    def __init__(
+        self, settings: NatsSettings, *, name: str = "mailroom", ensure_stream: bool = True
+    ) -> None:
         self.settings = settings
         self.name = name
+        #: False: ``connect`` leaves the stream alone (the caller looks at it first).
+        self._ensures_stream = ensure_stream
         self._nc: NatsConnection | None = None
         self._js: JetStreamContext | None = None
         self._closing = False
@@ -118,6 +122,8 @@ class NatsClient:
         self._nc = nc
         if self.jetstream:
             self._js = nc.jetstream(timeout=self.settings.publish_timeout_s)
+            if not self._ensures_stream:
+                return
             try:
                 await self.ensure_stream()
             except BaseException:
@@ -192,6 +198,10 @@ class NatsClient:
     async def watch(self, subject: str, *, buffer: int = 1_000) -> ResultSubscription:
         """Every message on ``subject`` (no queue group, no JetStream consumer)."""
         return await subscribe_every(self._require_nc(), subject, buffer=buffer)
+
+    def jetstream_context(self) -> JetStreamContext:
+        """The connection's JetStream API, for tools that look at the stream themselves."""
+        return self._require_js()
 
     def _require_nc(self) -> NatsConnection:
         if self._nc is None or not self._nc.is_connected:

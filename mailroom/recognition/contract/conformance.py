@@ -23,7 +23,7 @@ from datetime import UTC, datetime, timedelta
 from pydantic import ValidationError
 
 from mailroom.adapters.nats import NatsClient, OutgoingMessage, ResultSubscription
-from mailroom.adapters.storage import ObjectStore, content_key
+from mailroom.adapters.storage import ObjectStore
 from mailroom.errors import AppError, InvalidMessage
 from mailroom.recognition.contract import rules
 from mailroom.recognition.contract.models import (
@@ -36,9 +36,11 @@ from mailroom.recognition.contract.models import (
     dump,
     request_msg_id,
 )
-from mailroom.recognition.contract.samples import samples_to_send
+from mailroom.recognition.contract.puback_probe import probe_pubacks
+from mailroom.recognition.contract.samples import missing_object, samples_to_send, stored
 from mailroom.recognition.contract.transport_check import (
     Answer,
+    AnswersStream,
     answers_stream,
     buckets_row,
     publishing_row,
@@ -57,6 +59,8 @@ class CheckTimeouts:
     ack_s: float = 5.0
     #: From a request to its result; also the request's ``reply_deadline``.
     result_s: float = 15.0
+    #: The longest a service may wait for a PubAck before it publishes the answer again.
+    puback_s: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -175,6 +179,8 @@ async def check_service(
             await watch.close()
     finally:
         await client.close()
+        if stream is not None:
+            await stream.close()
 
 
 async def _collect(watch: ResultSubscription, exchange: _Exchange) -> None:
@@ -184,7 +190,7 @@ async def _collect(watch: ResultSubscription, exchange: _Exchange) -> None:
 
 
 async def _run(
-    exchange: _Exchange, store: ObjectStore, timeouts: CheckTimeouts, stream: str | None
+    exchange: _Exchange, store: ObjectStore, timeouts: CheckTimeouts, stream: AnswersStream | None
 ) -> list[CheckRow]:
     deadline = datetime.now(UTC) + timedelta(seconds=timeouts.result_s)
     # Before the samples are stored: a put would create a missing bucket on S3.
@@ -194,25 +200,13 @@ async def _run(
     rows += [CheckRow(f"file types ({p})", False, why) for p, why in unchecked.items()]
     if not to_send:
         return [*rows, CheckRow("file types", False, "no pipeline declares a type to check")]
-    samples: dict[str, _Job] = {}
-    for sample in to_send:
-        suffix = f".{sample.file_type}"
-        key = content_key(sample.data, prefix="conformance", suffix=suffix)
-        ref = await store.put("incoming", key, sample.data, media_type="application/octet-stream")
-        ref_s3 = ObjectRef(bucket=ref.bucket, key=ref.key)
-        samples[sample.pipeline] = _Job(
-            _request(sample.pipeline, sample.file_type, ref_s3, deadline)
-        )
-    # The missing object and the broken request go to a pipeline and type the service reads.
-    first = to_send[0]
-    missing_key = f"conformance/missing/{uuid.uuid4()}.{first.file_type}"
+    samples = {
+        s.pipeline: _Job(_request(s.pipeline, s.file_type, await stored(store, s), deadline))
+        for s in to_send
+    }
+    first = to_send[0]  # the missing object and the broken request: a type the service reads
     missing = _Job(
-        _request(
-            first.pipeline,
-            first.file_type,
-            ObjectRef(bucket=store.bucket("incoming"), key=missing_key),
-            deadline,
-        )
+        _request(first.pipeline, first.file_type, missing_object(store, first), deadline)
     )
     invalid = _Job(_request(first.pipeline, first.file_type, missing.request.s3, deadline))
     # Breaks the contract (unknown pipeline, no object to read) but names its job.
@@ -245,12 +239,22 @@ async def _run(
     rows.append(_msg_id_row(everyone))
     publishing = publishing_row(
         (Answer(m.msg_id, m.reply) for job in everyone for m in job.messages),
-        stream=stream,
+        stream=stream.name if stream else None,
         subject=exchange.settings.nats.subject(exchange.settings.nats.results_subject),
     )
     rows.append(
         CheckRow(publishing.name, publishing.passed, publishing.detail, warned=publishing.warned)
     )
+    # Last, as it keeps the stream from acknowledging while it runs.
+    probe = _Job(_request(first.pipeline, first.file_type, repeated.request.s3, deadline))
+
+    found = await probe_pubacks(
+        stream,
+        send=lambda: exchange.send(probe),
+        answers=lambda: [message.msg_id for message in probe.messages],
+        wait_s=timeouts.puback_s,
+    )
+    rows.append(CheckRow(found.name, found.passed, found.detail, warned=found.warned))
     rows.append(_contract_row(everyone))
     rows.append(await _document_row(list(samples.values()), store, exchange.settings))
     rows.append(_idempotency_row(repeated, repeat_sent_at_s))

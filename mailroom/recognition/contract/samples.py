@@ -7,9 +7,11 @@ The check sends a service only the file types Mailroom's configuration declares 
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 
-from mailroom.recognition.contract.models import Pipeline
+from mailroom.adapters.storage import ObjectStore, content_key
+from mailroom.recognition.contract.models import ObjectRef, Pipeline
 from mailroom.settings import RecognitionSettings
 
 #: A 1x1 PNG: an image service reads it; the reference recognizer finds no fields.
@@ -54,3 +56,16 @@ def samples_to_send(recognition: RecognitionSettings) -> tuple[list[Sample], dic
             continue
         samples.append(Sample(pipeline, known[0], SAMPLES[known[0]][1]))
     return samples, unchecked
+
+
+async def stored(store: ObjectStore, sample: Sample) -> ObjectRef:
+    """Where ``sample`` is in the incoming bucket, once stored there."""
+    key = content_key(sample.data, prefix="conformance", suffix=f".{sample.file_type}")
+    ref = await store.put("incoming", key, sample.data, media_type="application/octet-stream")
+    return ObjectRef(bucket=ref.bucket, key=ref.key)
+
+
+def missing_object(store: ObjectStore, sample: Sample) -> ObjectRef:
+    """A key of ``sample``'s type in the incoming bucket that holds nothing."""
+    key = f"conformance/missing/{uuid.uuid4()}.{sample.file_type}"
+    return ObjectRef(bucket=store.bucket("incoming"), key=key)

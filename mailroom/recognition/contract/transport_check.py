@@ -14,7 +14,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import nats.js.errors
+
 from mailroom.adapters.nats import NatsClient
+from mailroom.adapters.nats.translate import translate_errors
 from mailroom.adapters.storage import ObjectStore
 from mailroom.errors import AppError
 from mailroom.settings import Settings
@@ -38,7 +41,27 @@ class Row:
     warned: bool = False
 
 
-async def answers_stream(settings: Settings) -> str | None:
+class AnswersStream:
+    """The stream that captures the answers subject, on the check's own connection."""
+
+    def __init__(self, client: NatsClient, name: str, *, created: bool) -> None:
+        self.client = client
+        self.name = name
+        #: Created by this check: a test stream, which the PubAck probe may change for a while.
+        self.created = created
+
+    async def acknowledge(self, acks: bool) -> None:
+        """Whether the stream sends PubAcks (``no_ack``); it stores every message either way."""
+        js = self.client.jetstream_context()
+        config = (await js.stream_info(self.name)).config
+        config.no_ack = not acks
+        await js.update_stream(config)
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
+async def answers_stream(settings: Settings) -> AnswersStream | None:
     """The stream that captures the answers subject, created as Mailroom would; None without one.
 
     Raises:
@@ -47,10 +70,21 @@ async def answers_stream(settings: Settings) -> str | None:
     """
     if not settings.nats.jetstream:
         return None
-    client = NatsClient(settings.nats, name="conformance-stream")
-    await client.connect()  # ensures the stream over the request and answer subjects
-    await client.close()
-    return settings.nats.stream_name
+    client = NatsClient(settings.nats, name="conformance-stream", ensure_stream=False)
+    await client.connect()
+    try:
+        name = settings.nats.stream_name
+        with translate_errors(f"stream {name}"):
+            try:
+                await client.jetstream_context().stream_info(name)
+                created = False
+            except nats.js.errors.NotFoundError:
+                created = True
+        await client.ensure_stream()
+    except BaseException:
+        await client.close()
+        raise
+    return AnswersStream(client, name, created=created)
 
 
 async def buckets_row(store: ObjectStore) -> Row:
