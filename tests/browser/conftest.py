@@ -53,8 +53,13 @@ VIEWPORT = {"width": 1280, "height": 800}
 
 #: Who signs in, with the groups the provider gives them (the console's default groups).
 OPERATOR = "olivia@mailroom.test"
+SECOND_OPERATOR = "oscar@mailroom.test"
 VIEWER = "victor@mailroom.test"
-PEOPLE = {OPERATOR: ["mailroom-operators"], VIEWER: ["mailroom-viewers"]}
+PEOPLE = {
+    OPERATOR: ["mailroom-operators"],
+    SECOND_OPERATOR: ["mailroom-operators"],
+    VIEWER: ["mailroom-viewers"],
+}
 
 
 def _chromium(request: pytest.FixtureRequest) -> str:
@@ -166,11 +171,11 @@ def console_system(
 
 @pytest.fixture(scope="package")
 def waiting_files(console_system: Console) -> dict[str, list[int]]:
-    """Every test's mails sent through the system at once; the ids of their files, which
-    wait for a person, by sender domain (oldest first)."""
+    """Every test's mails sent through the system at once; the ids of their files, by
+    sender domain (oldest first), once each was recognized or waits for a person."""
     mails = browser_test_mails()
     console_system.system.append(*[mail for batch in mails.values() for mail in batch])
-    found = console_system.wait_for_files("NEEDS_CHECK", sum(map(len, mails.values())))
+    found = console_system.wait_for_files(sum(map(len, mails.values())))
     assert {domain: len(ids) for domain, ids in found.items()} == {
         domain: len(batch) for domain, batch in mails.items()
     }
@@ -236,6 +241,12 @@ def operator_state(browser: Browser, console_system: Console) -> Any:
 
 
 @pytest.fixture(scope="package")
+def second_operator_state(browser: Browser, console_system: Console) -> Any:
+    """The cookies of another operator, signed in the same way."""
+    return _signed_in_state(browser, console_system, SECOND_OPERATOR)
+
+
+@pytest.fixture(scope="package")
 def viewer_state(browser: Browser, console_system: Console) -> Any:
     """The cookies of a viewer signed in through the OIDC provider."""
     return _signed_in_state(browser, console_system, VIEWER)
@@ -258,6 +269,11 @@ def _page(browser: Browser, state: Any) -> Iterator[Page]:
 @pytest.fixture
 def operator_page(browser: Browser, operator_state: Any) -> Iterator[Page]:
     yield from _page(browser, operator_state)
+
+
+@pytest.fixture
+def second_operator_page(browser: Browser, second_operator_state: Any) -> Iterator[Page]:
+    yield from _page(browser, second_operator_state)
 
 
 @pytest.fixture

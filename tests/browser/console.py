@@ -28,18 +28,19 @@ class Console:
         except httpx.TransportError:
             return False
 
-    def wait_for_files(self, status: str, count: int) -> dict[str, list[int]]:
-        """Once ``count`` files reached ``status``: their ids by sender domain, oldest first."""
+    def wait_for_files(self, count: int) -> dict[str, list[int]]:
+        """Once ``count`` files were recognized or wait for a check: their ids by sender
+        domain, oldest first."""
         sql = """SELECT split_part(m.sender, '@', 2), f.id
                    FROM stored_file AS f JOIN inbound_mail AS m ON m.id = f.mail_id
-                  WHERE f.status = %s ORDER BY f.updated_at, f.id"""
+                  WHERE f.status IN ('NEEDS_CHECK', 'RECOGNIZED') ORDER BY f.updated_at, f.id"""
         self.system.wait_for(
-            f"{count} files {status}",
-            lambda: len(self.system.query(sql, status)) >= count,
+            f"{count} files recognized or waiting for a check",
+            lambda: len(self.system.query(sql)) >= count,
             timeout_s=PIPELINE_TIMEOUT_S,
         )
         found: dict[str, list[int]] = {}
-        for domain, file_id in self.system.query(sql, status):
+        for domain, file_id in self.system.query(sql):
             found.setdefault(domain, []).append(file_id)
         return found
 

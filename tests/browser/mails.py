@@ -1,11 +1,14 @@
 """The browser tests' mails: invoices whose CSV lacks the required total, so each file waits
-for a person. Each test's mails come from a sender domain of its own, which keeps its files
+for a person, and a scanned page. Each test's mails come from a sender domain of its own, which keeps its files
 apart in the one queue the tests share (the console filters on the sender)."""
 
 from __future__ import annotations
 
 import csv
 import io
+import random
+import struct
+import zlib
 
 from mailroom.devtools.seed import build_mail
 
@@ -39,8 +42,39 @@ def invoice_without_total(
     )
 
 
+def scanned_page(width: int = 480, height: int = 240) -> bytes:
+    """A PNG of a printed page as a scanner sends it: lines of speckled "text" on white.
+
+    The speckle (seeded, so the same each run) keeps it from compressing below the size
+    under which intake takes an image for a logo or a signature, not a document.
+    """
+    speckle = random.Random(7)
+    rows = []
+    for y in range(height):
+        line = y % 24 < 12 and 16 <= y < height - 16
+        end = width - 16 - (y // 24 % 3) * 60
+        row = bytes(
+            speckle.choice((40, 90, 160)) if line and 16 <= x < end else 255 for x in range(width)
+        )
+        rows.append(b"\x00" + row)  # each row starts with its filter type, none
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        body = kind + data
+        return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)  # 8-bit greyscale
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(b"".join(rows)))
+        + chunk(b"IEND", b"")
+    )
+
+
 def browser_test_mails() -> dict[str, list[bytes]]:
-    """Every test's mails, by the sender domain its files are found by."""
+    """Every test's mails, by the sender domain its files are found by; every file but the
+    scan's needs a check (the reference recognizer reads no text from an image, and a
+    ``generic`` document needs no field)."""
     return {
         "correct.test": [
             invoice_without_total(
@@ -53,6 +87,14 @@ def browser_test_mails() -> dict[str, list[bytes]]:
         ],
         "viewer.test": [invoice_without_total(7101, sender="billing@viewer.test")],
         "csrf.test": [invoice_without_total(7201, sender="billing@csrf.test")],
+        "conflict.test": [invoice_without_total(7401, sender="billing@conflict.test")],
+        "scan.test": [
+            build_mail(
+                "Scanned delivery note",
+                [("delivery-note.png", "image/png", scanned_page())],
+                sender="Scanner <scanner@scan.test>",
+            )
+        ],
         "hostile.test": [
             invoice_without_total(
                 7301,

@@ -8,7 +8,7 @@ import re
 import pytest
 from playwright.sync_api import Locator, Page, expect
 
-from tests.browser.conftest import OPERATOR
+from tests.browser.conftest import OPERATOR, SECOND_OPERATOR
 from tests.browser.console import PIPELINE_TIMEOUT_S, Console
 from tests.browser.mails import QUEUE_LENGTH
 from tests.browser.screenshots import Screenshots
@@ -150,3 +150,58 @@ def test_twenty_documents_are_reviewed_one_page_load_each(
         "%@queue.test",
     )
     assert statuses == [("RECOGNIZED", QUEUE_LENGTH)]
+
+
+def test_a_second_operator_on_a_reviewed_document_is_told_who_reviewed_it(
+    console_system: Console,
+    waiting_files: dict[str, list[int]],
+    operator_page: Page,
+    second_operator_page: Page,
+):
+    console = console_system
+    [file_id] = waiting_files["conflict.test"]
+    first, second = operator_page, second_operator_page
+    for page in (first, second):
+        page.goto(f"{console.url}/files/{file_id}")
+
+    # The first accepts; the second, still on the page as it was, corrects a field.
+    first.locator("#accept-form button").click()
+    expect(first.locator(".notice")).to_contain_text(f"file {file_id} accepted by {OPERATOR}")
+    second.locator('#correct-form input[name="field.total"]').fill("99.00")
+    with second.expect_response(lambda answer: answer.url.endswith("/correct")) as refused:
+        second.get_by_role("button", name="Save corrections").click()
+
+    # The page says what the CLI says (409 Conflict), and nothing is overwritten.
+    assert refused.value.status == 409
+    expect(second.locator("main .problem").first).to_contain_text(
+        f"file {file_id} was reviewed meanwhile by {OPERATOR}"
+    )
+    expect(second.locator("header .who")).to_have_text(f"{SECOND_OPERATOR} (operator)")
+    manual = console.system.query(
+        "SELECT operator_id FROM recognition_job WHERE file_id = %s AND kind = 'manual'", file_id
+    )
+    assert manual == [(OPERATOR,)]
+    assert console.file_status(file_id) == "RECOGNIZED"
+
+
+def test_a_scanned_page_is_shown_in_the_document_page(
+    console_system: Console, waiting_files: dict[str, list[int]], viewer_page: Page
+):
+    console, page = console_system, viewer_page
+    [file_id] = waiting_files["scan.test"]
+    served: list[tuple[str, str]] = []
+    page.on(
+        "response",
+        lambda answer: (
+            "/content" in answer.url
+            and served.append((answer.headers.get("content-type", ""), answer.url))
+        ),
+    )
+
+    page.goto(f"{console.url}/files/{file_id}")
+    scan = page.locator("img.preview")
+    expect(scan).to_have_attribute("alt", "delivery-note.png")
+    # Drawn by the browser from the console's own address, under its Content-Security-Policy.
+    expect(scan).to_have_js_property("complete", True)
+    assert scan.evaluate("image => [image.naturalWidth, image.naturalHeight]") == [480, 240]
+    assert served == [("image/png", f"{console.url}/files/{file_id}/content")]
