@@ -73,13 +73,15 @@ def _chromium(request: pytest.FixtureRequest) -> str:
     return found
 
 
-@pytest.fixture(scope="session")
+# NOTE: package scope, not session: the sync API runs an event loop of its own in this
+# thread, and the asyncio tests that run after these in the same process must not meet it.
+@pytest.fixture(scope="package")
 def playwright() -> Iterator[Playwright]:
     with sync_playwright() as driver:
         yield driver
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def browser(request: pytest.FixtureRequest, playwright: Playwright) -> Iterator[Browser]:
     chromium = playwright.chromium.launch(executable_path=_chromium(request), headless=True)
     yield chromium
