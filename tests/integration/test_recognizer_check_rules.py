@@ -76,7 +76,16 @@ class ScriptedService:
         for body, kind in self.answers[key]:
             msg_id = f"{request['job_id']}:{request['attempt']}:{kind}"
             headers = None if self.no_msg_id else {"Nats-Msg-Id": msg_id}
-            await self.js.publish(self.results_subject, json.dumps(body).encode(), headers=headers)
+            await self._publish(json.dumps(body).encode(), headers)
+
+    async def _publish(self, data: bytes, headers: dict[str, str] | None) -> None:
+        """``js.publish``, again under the same headers until the stream acknowledges it."""
+        for _ in range(20):
+            try:
+                await self.js.publish(self.results_subject, data, headers=headers, timeout=0.5)
+                return
+            except nats.errors.TimeoutError:
+                continue
 
     async def _answers(self, request: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:
         file_id = request["file_id"]
