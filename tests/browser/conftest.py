@@ -3,7 +3,8 @@
 One whole system for the browser tests (worker, bridges, scheduler, recognizer and the console
 as real processes, on the session's Postgres, Redis, NATS and IMAP servers), an OpenID
 Connect provider the console signs people in through (``oidc-provider-mock``), and one
-signed-in browser session per role, reused by every test here.
+signed-in browser session per person, reused by every test here. Each test works on the
+files of its own senders (``mails.py``), so the tests share one queue without meeting.
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ def browser(request: pytest.FixtureRequest, playwright: Playwright) -> Iterator[
 
 @pytest.fixture(scope="package")
 def oidc_issuer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A local OpenID Connect provider (its own process) that knows an operator and a viewer.
+    """A local OpenID Connect provider (its own process) that knows two operators and a viewer.
 
     The browser meets it as a person would: the console sends them there, they choose who
     they are on its page, and it sends them back with a code the console redeems.
@@ -136,7 +137,7 @@ def console_system(
     oidc_issuer: str,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Console]:
-    """The whole system and its console; each test sends mails from senders of its own."""
+    """The whole system and its console, on the session's servers."""
     tmp = tmp_path_factory.mktemp("console-system")
     folder = new_folder(imap_server)
     webhook = WebhookSink().start()
