@@ -197,8 +197,8 @@ class RecognitionService:
             data = await self.objects.read(request.s3.bucket, request.s3.key)
         except ValueError as exc:
             return self._error(request, "INVALID_REQUEST", str(exc))
-        except Exception as exc:
-            return self._error(request, "STORAGE_UNAVAILABLE", _described(exc))
+        except Exception as exc:  # the partner's store: any failure of it is an outage
+            return self._unavailable(request, exc)
         if data is None:
             return self._error(request, "NOT_FOUND", "the file is not in the object store")
         outcome = await self.recognize(request, data)
@@ -208,7 +208,7 @@ class RecognitionService:
             # Not ``dump``: its exclude_none would drop ``value: null``, which is required.
             ref = await self.objects.write_result(key, outcome.model_dump_json().encode())
         except Exception as exc:
-            return self._error(request, "STORAGE_UNAVAILABLE", _described(exc))
+            return self._unavailable(request, exc)
         return self._result(request, outcome, ref)
 
     def remember(self, key: JobKey, answer: RecognitionResponse) -> None:
@@ -233,6 +233,10 @@ class RecognitionService:
         return answering.result(
             request, document, ref, self.service, needs_check_below=self.needs_check_below
         )
+
+    def _unavailable(self, request: RecognitionRequest, exc: Exception) -> RecognitionResponse:
+        logger.warning("service: job %s: the object store failed: %s", request.job_id, exc)
+        return self._error(request, "STORAGE_UNAVAILABLE", _described(exc))
 
     def _error(self, request: RecognitionRequest, code: str, message: str) -> RecognitionResponse:
         return answering.error(

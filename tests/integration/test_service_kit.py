@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 
 import nats
@@ -12,6 +13,7 @@ from mailroom.adapters.storage import build_store
 from mailroom.recognition.contract.conformance import CheckTimeouts, check_service
 from mailroom.recognition.contract.models import (
     ObjectRef,
+    RecognitionRequest,
     RecognitionResult,
     ResultField,
     ServiceInfo,
@@ -91,3 +93,50 @@ def test_a_failure_marked_permanent_says_so_in_the_answer():
 
     assert answer.status == "error"
     assert answer.error is not None and answer.error.permanent is True
+
+
+class BrokenObjects(FolderObjects):
+    """A store that is down for one key and refuses another."""
+
+    async def read(self, bucket: str, key: str) -> bytes | None:
+        if key.startswith("down/"):
+            raise ConnectionError("store unreachable")
+        if key.startswith("odd/"):
+            raise ValueError("not a key this store takes")
+        return await super().read(bucket, key)
+
+
+async def test_store_failures_are_answered_with_their_codes(recognizer_settings, tmp_path):
+    s = recognizer_settings.nats
+    nc = await nats.connect(s.url)
+    service = RecognitionService(
+        nc,
+        objects=BrokenObjects(tmp_path, "results"),
+        recognize=read_csv_total,
+        service=ServiceInfo(name="partner-csv", version="0.1"),
+        request_subjects=[s.subject(s.tabular_subject)],
+        answers_subject=s.subject(s.results_subject),
+    )
+    try:
+        codes = {}
+        for key in ("down/a.csv", "odd/a.csv", "gone/a.csv"):
+            request = RecognitionRequest(
+                job_id=uuid.uuid4(),
+                file_id=1,
+                pipeline="tabular",
+                file_type="csv",
+                original_name="a.csv",
+                s3=ObjectRef(bucket="incoming", key=key),
+                reply_deadline=datetime.now(UTC),
+                attempt=1,
+            )
+            answer = await service.answer(request)
+            codes[key] = answer.error.code if answer.error else answer.status
+    finally:
+        await nc.close()
+
+    assert codes == {
+        "down/a.csv": "STORAGE_UNAVAILABLE",
+        "odd/a.csv": "INVALID_REQUEST",
+        "gone/a.csv": "NOT_FOUND",
+    }
