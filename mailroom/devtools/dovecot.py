@@ -16,11 +16,15 @@ import pwd
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from imapclient import IMAPClient
 
 from mailroom.devtools.children import remove_folder, spawn, throwaway_folder
 from mailroom.devtools.imap import DEMO_PASSWORD, DEMO_USER, ImapServer, self_signed_certificate
@@ -28,6 +32,13 @@ from mailroom.devtools.stack import free_port
 
 #: Where Debian puts the binary; /usr/sbin is often missing from a user's PATH.
 _SBIN = (Path("/usr/sbin"), Path("/usr/local/sbin"))
+
+#: Size past which Dovecot renews a transaction log 5 minutes old, in bytes (and a margin).
+_LIST_LOG_ROTATE_BYTES = 40 * 1024
+#: Where a transaction log's header keeps its creation time (``create_stamp``, 32-bit).
+_LOG_CREATE_STAMP_OFFSET = 20
+#: Changes made with the creation stamp set back before a renewal counts as not happening.
+_RENEWAL_TRIES = 5
 
 #: How long the server may take to accept connections, and to stop, in seconds.
 START_TIMEOUT_S = 10.0
@@ -136,9 +147,13 @@ class DovecotServer:
     append = ImapServer.append
     mailbox_settings = ImapServer.mailbox_settings
 
-    def __init__(self, binary: Path, folder: Path) -> None:
+    def __init__(
+        self, binary: Path, folder: Path, *, settings: dict[str, str] | None = None
+    ) -> None:
         self.binary = binary
         self.folder = folder
+        #: Lines added to the configuration (``mailbox_idle_check_interval``: ``1h``...).
+        self.settings = settings or {}
         self.host = "127.0.0.1"
         self.port = free_port()
         self.imaps_port = free_port()
@@ -159,7 +174,10 @@ class DovecotServer:
             (self.folder / name).mkdir()
         if os.geteuid() == 0:
             shutil.chown(self.folder / "mail", "mail", "mail")
-        self.config_file.write_text(_config(self.folder, self.port, self.imaps_port, self.tls))
+        extra = "".join(f"{key} = {value}\n" for key, value in self.settings.items())
+        self.config_file.write_text(
+            _config(self.folder, self.port, self.imaps_port, self.tls) + extra
+        )
         users = {DEMO_USER: DEMO_PASSWORD, **self.users}
         (self.folder / "passwd").write_text(
             "".join(f"{name}:{{PLAIN}}{password}\n" for name, password in users.items())
@@ -178,6 +196,36 @@ class DovecotServer:
             self.stop()
             raise
         return self
+
+    def renew_list_index_log(self, user: str = DEMO_USER) -> None:
+        """Have Dovecot renew ``user``'s mailbox list index log, as it does at a change once
+        the log is over its minimum size and 5 minutes old (no setting brings that forward).
+
+        Folders with long names grow the log past its minimum size (32 KiB), then its header's
+        creation stamp is set an hour back and one more folder is made in a new session, until
+        the log is a new file.
+        """
+        log = self.folder / "mail" / user / "dovecot.list.index.log"
+        password = self.users.get(user, DEMO_PASSWORD)
+        with self._login(user, password) as client:
+            while not log.exists() or log.stat().st_size < _LIST_LOG_ROTATE_BYTES:
+                client.create_folder(f"padding-{uuid.uuid4().hex}")
+        before = log.stat().st_ino
+        for _ in range(_RENEWAL_TRIES):
+            with log.open("r+b") as file:
+                file.seek(_LOG_CREATE_STAMP_OFFSET)
+                file.write(struct.pack("<I", int(time.time()) - 3600))
+            # A new session: a Dovecot process reads the header once and keeps it.
+            with self._login(user, password) as client:
+                client.create_folder(f"padding-{uuid.uuid4().hex}")
+            if log.stat().st_ino != before:
+                return
+        raise RuntimeError(f"Dovecot did not renew {log} in {_RENEWAL_TRIES} changes")
+
+    def _login(self, user: str, password: str) -> IMAPClient:
+        client = IMAPClient(self.host, port=self.port, ssl=False, timeout=10)
+        client.login(user, password)
+        return client
 
     def add_user(self, name: str, password: str) -> DovecotServer:
         """One more login; call it before ``start`` (the passwd-file is written there)."""

@@ -115,6 +115,12 @@ class IntakeSettings(StrictModel):
     watch_lease_s: float = Field(default=30.0, gt=0)
     #: Longest wait before a watcher logs in again after its connection failed, in seconds.
     watch_max_backoff_s: float = Field(default=60.0, gt=0)
+    #: How long a NOTIFY watch waits without a word from the server before it asks (a NOOP)
+    #: for news the server did not send, in seconds. Dovecot stops sending news by itself when
+    #: it renews an account's mailbox list index log (every 5 minutes or more while mail
+    #: comes) and then looks only every mailbox_idle_check_interval (30 s); a NOOP makes it
+    #: look at once, and a NOOP that finds news sets NOTIFY anew.
+    watch_check_s: float = Field(default=1.0, gt=0)
     #: How often the scheduler's pass polls a folder a watcher watches live (a guard against
     #: an announcement lost), in seconds; folders nobody watches are polled at every pass.
     watched_poll_interval_s: float = Field(default=600.0, gt=0)

@@ -2,7 +2,8 @@
 
 Where the server offers NOTIFY (RFC 5465) one connection watches every folder of the
 account: the server sends a folder's STATUS when mail comes or goes, and a higher UIDNEXT
-is news. Elsewhere each folder gets a connection of its own in IDLE (RFC 2177), as many
+is news; after ``intake.watch_check_s`` of silence a NOOP asks for news the server did not
+send (``WatchConnection.listen``: Dovecot stops sending it by itself now and then). Elsewhere each folder gets a connection of its own in IDLE (RFC 2177), as many
 as ``watch_connections_per_account`` and the account's connection slots allow; a folder
 past them is read at the scheduler's passes only. Each connection holds a slot of the
 account (``intake.account_slots``), so watchers and polls together stay under the
@@ -135,7 +136,7 @@ class AccountWatch:
         renew = asyncio.create_task(self._renew(holder))
         try:
             await self.announce(list(self.folders), True)  # what came while nobody watched
-            async for news in connection.listen(self.intake_idle_s):
+            async for news in connection.listen(self.check_s):
                 if news.folder is None or news.folder not in known or news.uidnext is None:
                     continue
                 if news.uidnext > known[news.folder]:
@@ -147,8 +148,13 @@ class AccountWatch:
 
     @property
     def intake_idle_s(self) -> float:
-        """How long a watch waits without a word before it checks the connection."""
+        """How long an IDLE waits without a word before it checks the connection."""
         return self.login.idle_timeout_s
+
+    @property
+    def check_s(self) -> float:
+        """How long a NOTIFY watch waits without a word before it asks the server for news."""
+        return min(self.intake.watch_check_s, self.login.idle_timeout_s)
 
     async def _idle_all(self, first: WatchConnection, holder: str) -> None:
         """One IDLE connection per folder, up to the account's watch connections."""

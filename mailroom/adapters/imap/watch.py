@@ -93,6 +93,9 @@ class WatchConnection:
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._tags = 0
+        self._notified: list[str] = []
+        #: Times NOTIFY was set anew because a NOOP found news the server had not sent.
+        self.renewals = 0
 
     @property
     def offers_notify(self) -> bool:
@@ -225,35 +228,53 @@ class WatchConnection:
 
     async def notify(self, folders: list[str]) -> dict[str, int]:
         """NOTIFY SET for new and expunged mail in ``folders``; their UIDNEXT as of now."""
+        self._notified = list(folders)
+        return _uidnexts(await self._notify_set(folders))
+
+    async def _notify_set(self, folders: list[str]) -> list[bytes]:
         names = b" ".join(encode_folder(folder) for folder in folders)
-        untagged = await self.command(
+        return await self.command(
             b"NOTIFY SET STATUS (mailboxes (" + names + b") (MessageNew MessageExpunge))",
             what="NOTIFY SET",
         )
-        found = {}
-        for response in untagged:
-            news = parse_news(response)
-            if news is not None and news.folder is not None and news.uidnext is not None:
-                found[news.folder] = news.uidnext
-        return found
 
-    async def listen(self, timeout_s: float) -> AsyncIterator[FolderNews]:
-        """What the server says unasked (NOTIFY set) until ``timeout_s`` passes without a word;
-        then one NOOP proves the connection alive, and listening goes on."""
+    async def listen(self, check_s: float) -> AsyncIterator[FolderNews]:
+        """What the server says unasked (NOTIFY set); after ``check_s`` without a word, what a
+        NOOP turns up.
+
+        A NOOP proves the connection alive and makes Dovecot look for changes at once. News
+        it turns up is news the server did not send by itself: Dovecot's NOTIFY watches the
+        account's mailbox list index log by its inode, and once that log is renewed (every 5
+        minutes or more while mail comes) it hears of new mail only every
+        ``mailbox_idle_check_interval`` (30 s). So NOTIFY is set anew, on the new log; NONE
+        first, as a second SET in a session leaves Dovecot watching nothing. The new SET's
+        STATUS replies come out as news too (the caller keeps what is higher).
+        """
         while True:
             try:
-                response = await self._read_response(timeout_s, "NOTIFY wait")
+                response = await self._read_response(check_s, "NOTIFY wait")
             except MailboxUnavailable as exc:
                 if not isinstance(exc.__cause__, TimeoutError):
                     raise
-                for response in await self.command("NOOP"):
-                    if (news := parse_news(response)) is not None:
-                        yield news
+                missed = _news_in(await self.command("NOOP"))
+                for item in missed:
+                    yield item
+                if any(item.uidnext is not None for item in missed):
+                    for item in await self._notify_anew():
+                        yield item
                 continue
             if (news := parse_news(response)) is not None:
                 yield news
             elif response.startswith(b"* BYE"):
                 raise MailboxUnavailable(f"server ended the session: {response[:200]!r}")
+
+    async def _notify_anew(self) -> list[FolderNews]:
+        """NOTIFY NONE, then SET again on the same folders; what the replies say."""
+        self.renewals += 1
+        logger.debug("IMAP watch of %s: NOTIFY set anew", self.settings.username)
+        untagged = await self.command("NOTIFY NONE")
+        untagged += await self._notify_set(self._notified)
+        return _news_in(untagged)
 
     async def idle(self, timeout_s: float) -> list[FolderNews]:
         """One IDLE on the selected folder: until it announces mail or ``timeout_s`` passes."""
@@ -301,6 +322,20 @@ class WatchConnection:
         except (OSError, RuntimeError) as exc:  # the transport is gone already
             logger.debug("IMAP watch logout of %s: %r", self.settings.name, exc)
         writer.close()
+
+
+def _news_in(untagged: list[bytes]) -> list[FolderNews]:
+    return [news for response in untagged if (news := parse_news(response)) is not None]
+
+
+def _uidnexts(untagged: list[bytes]) -> dict[str, int]:
+    """The UIDNEXT of each folder a STATUS response names."""
+    found = {}
+    for response in untagged:
+        news = parse_news(response)
+        if news is not None and news.folder is not None and news.uidnext is not None:
+            found[news.folder] = news.uidnext
+    return found
 
 
 def parse_news(response: bytes) -> FolderNews | None:
