@@ -88,6 +88,7 @@ def test_judge_applies_one_of_rules():
     assert ok.file_status == "RECOGNIZED"
 
     missing = judge(_fund_result(amount=5), service_status="done", settings=settings)
-    assert missing.file_status == "NEEDS_CHECK" and missing.retryable
+    # a missing required field waits for a person: no error class, never re-sent
+    assert missing.file_status == "NEEDS_CHECK" and missing.error_class is None
     assert missing.document["missing_fields"] == ["investor_name|customer_id"]
     assert "missing required fields: investor_name|customer_id" in missing.reason
