@@ -75,9 +75,10 @@ class AnswerPublisher:
             # instead of going out with core NATS into a stream that captures them.
             async with self._lookup:
                 captured = self.captured or await self._stream_captures()
-            if not captured:
+            if captured is False:
                 await self.nc.publish(self.subject, data, headers=headers)
                 return
+            # captured, or unknown: JetStream's confirmation is the only way to know it is kept
         deadline = time.monotonic() + PUBLISH_BUDGET_S
         while True:
             try:
@@ -109,19 +110,25 @@ class AnswerPublisher:
         self._next_flush = None  # those from now on wait for a flush begun after them
         await self.nc.flush()
 
-    async def _stream_captures(self) -> bool:
-        """Whether a stream captures the subject (asked until one does: Mailroom creates it)."""
+    async def _stream_captures(self) -> bool | None:
+        """Whether a stream captures the subject (asked until one does: Mailroom creates it);
+        None when JetStream could not say (no leader yet, a timeout on a busy server).
+
+        An unknown answer is not "no stream": published with core NATS into a stream whose
+        leader is being elected, the answer would be lost without an error.
+        """
         if not self.jetstream or time.monotonic() - self._looked_at < LOOKUP_EVERY_S:
             return False
-        self._looked_at = time.monotonic()
         try:
             await self.js.find_stream_name_by_subject(self.subject)
-        except (
-            nats.js.errors.NotFoundError,
-            nats.errors.TimeoutError,
-            nats.errors.NoRespondersError,
-        ):
+        except (nats.js.errors.NotFoundError, nats.errors.NoRespondersError):
+            self._looked_at = time.monotonic()  # no stream, or no JetStream at all
             return False
+        except (nats.errors.TimeoutError, nats.js.errors.APIError) as exc:
+            logger.debug(
+                "service: cannot tell whether a stream captures %s (%s)", self.subject, exc
+            )
+            return None
         self.captured = True
         logger.info("service: a stream captures %s; answers wait for its acks", self.subject)
         return True
