@@ -124,16 +124,35 @@ class AccountWatch:
             except Exception as exc:  # Redis away: the slot's lease runs out by itself
                 logger.debug("IMAP watch slot not given back: %r", exc)
 
-    async def _renew(self, holder: str) -> None:
-        """Keep the connection's slot while it lives."""
+    async def _renew(self, holder: str, connection: WatchConnection) -> None:
+        """Keep the connection's slot while it lives; close the connection once it is lost.
+
+        A renewal that came too late (a stalled process, Redis away for longer than the lease)
+        finds the slot given to someone else when the account's slots are all held: the
+        connection then goes, or the account would have more connections than its cap. Its
+        watch fails and is opened again once a slot is free; the scheduler's passes read its
+        folders meanwhile.
+        """
         while True:
             await asyncio.sleep(self.intake.watch_lease_s / 3)
-            await self.slots.take(self.account, holder)
+            try:
+                held = await self.slots.take(self.account, holder)
+            except RedisError as exc:  # tried again after the next wait, within the lease
+                logger.debug("IMAP watch slot not renewed: %r", exc)
+                continue
+            if not held:
+                logger.warning(
+                    "IMAP watch of %s: its connection slot ran out before it was renewed and "
+                    "the account's slots are taken; closing the connection",
+                    self.login.username,
+                )
+                await connection.close()
+                return
 
     async def _notify(self, connection: WatchConnection, holder: str) -> None:
         known = await connection.notify(self.folders)
         self.watching = set(self.folders)
-        renew = asyncio.create_task(self._renew(holder))
+        renew = asyncio.create_task(self._renew(holder, connection))
         try:
             await self.announce(list(self.folders), True)  # what came while nobody watched
             async for news in connection.listen(self.check_s):
@@ -168,7 +187,7 @@ class AccountWatch:
                 len(watched),
                 len(self.folders),
             )
-        renew = asyncio.create_task(self._renew(holder))
+        renew = asyncio.create_task(self._renew(holder, first))
         tasks = [asyncio.create_task(self._idle_folder(watched[0], first))]
         tasks += [asyncio.create_task(self._idle_folder_own(folder)) for folder in watched[1:]]
         try:
@@ -192,7 +211,7 @@ class AccountWatch:
                     await asyncio.sleep(self.intake.watch_lease_s)
                     continue
                 failures = 0
-                renew = asyncio.create_task(self._renew(holder))
+                renew = asyncio.create_task(self._renew(holder, connection))
                 try:
                     await self._idle_folder(folder, connection)
                 finally:

@@ -11,7 +11,7 @@ import pytest
 
 from mailroom.adapters.redis_client import async_client
 from mailroom.devtools.dovecot import DovecotServer
-from mailroom.intake.account_slots import AccountSlots
+from mailroom.intake.account_slots import KEY_PART, AccountSlots
 from mailroom.intake.connections import account_key
 from mailroom.settings import BrokerSettings, RedisSettings
 from mailroom.watcher.service import Watcher
@@ -164,6 +164,32 @@ async def test_two_watchers_keep_an_accounts_connections_under_its_cap(intake_en
         await _stop(second, second_task)
         await polls.drain()
         await redis.aclose()
+
+
+async def test_a_watch_whose_slot_was_taken_while_it_was_late_closes_its_connection(
+    intake_env, watch_settings
+):
+    # One connection for the account, held by the watcher
+    watch_settings.intake.max_connections_per_account = 1
+    box = watch_settings.intake.mailboxes[0]
+    key = watch_settings.broker.namespace + KEY_PART + account_key(box)
+    watcher, task = await _start(watch_settings, intake_env, Polls(intake_env), "w1")
+    redis = watcher.leases.client
+    try:
+        await _until("the folder watched", lambda: _async(intake_env.folder in _watching(watcher)))
+        (watch, _), *_ = watcher.watches.values()
+        assert watch.connections == 1
+        # When its lease ran out unrenewed and someone else took the only slot
+        await redis.delete(key)
+        await redis.zadd(key, {"poll-elsewhere": 2**52})
+        # Then the watch closes its connection at its next renewal: one connection in all
+        await _until("the connection closed", lambda: _async(watch.connections == 0))
+        assert _watching(watcher) == set()
+        # And watches again once the slot is free
+        await redis.delete(key)
+        await _until("the folder watched again", lambda: _async(bool(_watching(watcher))))
+    finally:
+        await _stop(watcher, task)
 
 
 async def test_the_pass_polls_a_live_watched_folder_only_now_and_then(intake_env, watch_settings):
