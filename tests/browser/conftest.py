@@ -40,7 +40,7 @@ from mailroom.devtools.system import System, system_env
 from tests.browser.console import Console, sign_in
 from tests.browser.mails import browser_test_mails
 from tests.browser.screenshots import DOCS_IMAGES, Screenshots, write_screenshots_key
-from tests.fixtures.dovecot import require_debian_servers_key
+from tests.fixtures.dovecot import missing_debian_server
 from tests.fixtures.imap import new_folder
 from tests.fixtures.services import fresh_database
 
@@ -67,10 +67,9 @@ def _chromium(request: pytest.FixtureRequest) -> str:
     """Debian's Chromium: Playwright's own browser download is not used."""
     found = shutil.which("chromium")
     if found is None:
-        reason = "Chromium is not installed (apt-get install chromium chromium-driver)"
-        if request.config.stash.get(require_debian_servers_key, False):
-            pytest.fail(f"{reason}, and CI requires it", pytrace=False)
-        pytest.skip(reason)
+        missing_debian_server(
+            request, "Chromium is not installed (apt-get install chromium chromium-driver)"
+        )
     return found
 
 

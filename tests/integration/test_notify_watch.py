@@ -16,7 +16,7 @@ import pytest
 
 from mailroom.adapters.imap.watch import FolderNews, WatchConnection
 from mailroom.devtools.dovecot import DovecotServer, find_dovecot, server_folder
-from tests.fixtures.dovecot import _missing
+from tests.fixtures.dovecot import missing_debian_server
 from tests.fixtures.imap import csv_mail, new_folder
 
 pytestmark = pytest.mark.integration
@@ -34,7 +34,7 @@ def deaf_after_renewal(request: pytest.FixtureRequest) -> Iterator[DovecotServer
     """Dovecot that, once its NOTIFY misses a change, looks for it only an hour later."""
     binary = find_dovecot()
     if binary is None:
-        _missing(request, "Dovecot is not installed (apt-get install dovecot-imapd)")
+        missing_debian_server(request, "Dovecot is not installed (apt-get install dovecot-imapd)")
         return
     with server_folder("mailroom-dovecot-notify-") as folder:
         server = DovecotServer(
