@@ -22,15 +22,15 @@ from mailroom.adapters.nats import NatsClient
 from mailroom.adapters.storage import ObjectStore, build_store
 from mailroom.db.engine import create_engine, create_sessionmaker
 from mailroom.intake.account_slots import AccountSlots
-from mailroom.intake.connections import KEEP_S, ConnectionPool
+from mailroom.intake.connections import ConnectionPool
 from mailroom.process.stop_signals import handle_stop_signals
 from mailroom.settings import DatabaseSettings, Settings
 
 logger = logging.getLogger(__name__)
 
-#: How long a poll's connection slot outlives the longest a kept connection waits, in seconds:
-#: its SELECTs renew it, a worker that dies frees it by then.
-SLOT_LEASE_MARGIN_S = 60.0
+#: How long a poll's connection slot lives unrenewed, in seconds: the process renews the slots
+#: of its open connections a third of it, so a worker that dies frees them within it.
+POLL_SLOT_LEASE_S = 15.0
 
 T = TypeVar("T")
 
@@ -160,7 +160,7 @@ class Resources:
                 redis,
                 namespace=self.settings.broker.namespace,
                 limit=self.settings.intake.max_connections_per_account,
-                ttl_s=KEEP_S + SLOT_LEASE_MARGIN_S,
+                ttl_s=POLL_SLOT_LEASE_S,
             )
             return ConnectionPool(slots=slots)
 

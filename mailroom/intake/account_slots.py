@@ -5,11 +5,23 @@ default; Gmail 15) and refuse the next login. Watchers and polls of many process
 in to the same accounts, so the count lives in Redis: one sorted set per account whose
 members are the holders and whose scores are their expiry (Redis's own clock, one clock
 for every process). A holder that dies frees its slot when its lease runs out.
+
+A poll's connection may wait minutes in its process's pool for the next poll, so its slot
+is not renewed by its use alone: ``SlotKeeper`` renews every slot a process holds a third
+of the lease, and the lease stays short. A worker that dies (its sockets closed with it)
+so frees its account's slots within one lease, not after the longest a connection is kept.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
+
 import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+logger = logging.getLogger(__name__)
 
 #: Drop expired holders; renew the caller's slot or take a free one. 1 when held, else 0.
 _TAKE = """
@@ -53,6 +65,17 @@ class AccountSlots:
         taken = await self._take(keys=[self.prefix + account], args=[holder, cap, self.ttl_ms])
         return bool(taken)
 
+    async def renew(self, held: list[tuple[str, str]]) -> list[bool]:
+        """``take`` for each ``(account, holder)``, in one round trip."""
+        async with self.client.pipeline(transaction=False) as pipe:
+            for account, holder in held:
+                await self._take(
+                    keys=[self.prefix + account],
+                    args=[holder, self.limit, self.ttl_ms],
+                    client=pipe,
+                )
+            return [bool(taken) for taken in await pipe.execute()]
+
     async def give_back(self, account: str, holder: str) -> None:
         await self.client.zrem(self.prefix + account, holder)
 
@@ -61,3 +84,60 @@ class AccountSlots:
         key = self.prefix + account
         now_s, now_us = await self.client.time()
         return int(await self.client.zcount(key, now_s * 1000 + now_us // 1000, "+inf"))
+
+
+class SlotKeeper:
+    """Renews the slots this process holds, a third of their lease, while it lives."""
+
+    def __init__(self, slots: AccountSlots) -> None:
+        self.slots = slots
+        self.every_s = slots.ttl_ms / 3000
+        #: holder -> account, for the slots taken and not given back.
+        self._held: dict[str, str] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._failing = False
+
+    def hold(self, account: str, holder: str) -> None:
+        """Renew ``holder``'s slot from now on; starts the renewals on the running loop."""
+        self._held[holder] = account
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._renew_forever())
+
+    def release(self, holder: str) -> None:
+        self._held.pop(holder, None)
+
+    async def renew(self) -> None:
+        """One renewal of every slot held, in one round trip; logs the slots found lost."""
+        held = list(self._held.items())
+        if not held:
+            return
+        taken = await self.slots.renew([(account, holder) for holder, account in held])
+        for (holder, _account), ok in zip(held, taken, strict=True):
+            if not ok and holder in self._held:
+                # Its lease ran out unrenewed (Redis away longer) and the slots are taken:
+                # the connection lives on over the cap until its poll closes it.
+                logger.warning(
+                    "IMAP connection slot of %s lost while its connection is open", holder
+                )
+
+    async def _renew_forever(self) -> None:
+        while self._held:
+            await asyncio.sleep(self.every_s)
+            try:
+                await self.renew()
+            except RedisError as exc:
+                if not self._failing:
+                    logger.warning("IMAP connection slots not renewed (%r); trying again", exc)
+                self._failing = True
+            else:
+                if self._failing:
+                    logger.info("IMAP connection slots renewed again")
+                self._failing = False
+
+    async def aclose(self) -> None:
+        self._held.clear()
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

@@ -21,7 +21,6 @@ worker stops.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import json
 import logging
@@ -36,7 +35,7 @@ from redis.exceptions import RedisError
 
 from mailroom.adapters.imap import FetchedMail, ImapMailbox, Mailbox, MailboxFactory
 from mailroom.errors import MailboxUnavailable
-from mailroom.intake.account_slots import AccountSlots
+from mailroom.intake.account_slots import AccountSlots, SlotKeeper
 from mailroom.settings import MailboxSettings
 
 logger = logging.getLogger(__name__)
@@ -87,6 +86,7 @@ class ConnectionPool:
         self._connect = connect
         #: The accounts' connection slots shared with every process; None: no cap.
         self.slots = slots
+        self._keeper = SlotKeeper(slots) if slots is not None else None
         self.keep_s = keep_s
         self.max_idle = max_idle
         self.max_kept = max_kept
@@ -99,9 +99,9 @@ class ConnectionPool:
 
     def open(self, settings: MailboxSettings) -> Mailbox:
         mailbox = self._connect(settings)
-        if self.slots is None:
+        if self._keeper is None:
             return mailbox
-        return SlottedMailbox(mailbox, self.slots, account_key(settings))
+        return SlottedMailbox(mailbox, self._keeper, account_key(settings))
 
     def take(self, key: str) -> Mailbox | None:
         """The connection of this account given back last, if one was kept long enough ago."""
@@ -156,6 +156,8 @@ class ConnectionPool:
         kept = [k.mailbox for entries in self._kept.values() for k in entries]
         stale, self._stale, self._kept = self._stale, [], {}
         await _close_all(kept + stale)
+        if self._keeper is not None:
+            await self._keeper.aclose()
 
 
 async def _close_all(mailboxes: list[Mailbox]) -> None:
@@ -263,14 +265,15 @@ class SlottedMailbox:
     """A ``Mailbox`` that holds one of its account's connection slots while it is open.
 
     The slot is taken before the login (a poll waits ``SLOT_WAIT_S`` for one, then fails as
-    an unreachable server does), renewed at each SELECT (every poll that uses it, kept or
-    not) and given back when the connection closes.
+    an unreachable server does), renewed by the process's ``SlotKeeper`` while the
+    connection is open (in use or kept) and given back when it closes.
     """
 
-    def __init__(self, inner: Mailbox, slots: AccountSlots, account: str) -> None:
+    def __init__(self, inner: Mailbox, keeper: SlotKeeper, account: str) -> None:
         self.settings = getattr(inner, "settings", None)
         self._inner = inner
-        self._slots = slots
+        self._keeper = keeper
+        self._slots = keeper.slots
         self._account = account
         self._holder = f"poll-{uuid.uuid4().hex}"
         self._held = False
@@ -297,11 +300,13 @@ class SlottedMailbox:
                     "(intake.max_connections_per_account)"
                 )
             await asyncio.sleep(SLOT_RETRY_S)
+        self._keeper.hold(self._account, self._holder)
         return True
 
     async def _give_back(self) -> None:
         if self._held:
             self._held = False
+            self._keeper.release(self._holder)
             try:
                 await self._slots.give_back(self._account, self._holder)
             except Exception as exc:  # Redis away: the slot's lease runs out by itself
@@ -311,9 +316,6 @@ class SlottedMailbox:
         await self._inner.check_health()
 
     async def select(self, folder: str) -> int:
-        if self._held:
-            with contextlib.suppress(RedisError):  # renew: the connection lives on
-                await self._slots.take(self._account, self._holder)
         return await self._inner.select(folder)
 
     async def uids_above(self, uid: int) -> list[int]:

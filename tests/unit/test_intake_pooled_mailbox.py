@@ -96,6 +96,7 @@ class RedisDown:
     """Account slots whose Redis does not answer."""
 
     limit = 8
+    ttl_ms = 15_000
 
     async def take(self, account: str, holder: str, *, limit: int | None = None) -> bool:
         from redis.exceptions import ConnectionError as RedisConnectionError
