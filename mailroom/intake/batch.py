@@ -14,7 +14,9 @@ Before it parses, a batch counts its attempt (``cursor.count_attempt``): one for
 the whole batch when no earlier attempt was left over, written while the first
 chunk is fetched. When one was (a worker died in an earlier poll), the batch
 reads, parses and commits one mail at a time, counting at each UID first, and
-blocks the cursor at a UID whose attempts ran out without reading it.
+blocks the cursor at a UID whose attempts ran out without reading it. Such a mail is read
+while no other poll of the process parses (``suspects.py``), so the death it is charged
+with is its own.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from mailroom.intake.ingest import (
     prepare_group,
 )
 from mailroom.intake.parsing import Limits
+from mailroom.intake.suspects import parse_gate
 from mailroom.intake.tombstones import drop_unregistered, erased_among
 from mailroom.settings import IntakeSettings, MailboxSettings
 
@@ -135,7 +138,8 @@ async def _read_folder(ctx: BatchContext, connection: Mailbox) -> BatchResult:
                 )
                 await _ingest_one_by_one(ctx, connection, uids, result)
             else:
-                await _ingest_in_order(ctx, connection, uids, result, above=above)
+                async with parse_gate().shared():
+                    await _ingest_in_order(ctx, connection, uids, result, above=above)
         except MailFailed as exc:
             exc.uidvalidity = result.uidvalidity
             raise
@@ -170,20 +174,23 @@ async def _ingest_one_by_one(
     """Read, parse and commit one mail at a time, each counted at its UID before it is read.
 
     So when a worker dies, the count stays at the mail it died on, and the mails
-    before it are stored.
+    before it are stored. Each mail is read alone in its process, from its count to its
+    commit: no other poll's mail can have taken the worker down meanwhile.
     """
     oversize = await connection.larger_than(uids, ctx.intake.max_mail_bytes)
+    gate = parse_gate()
     async with _pipeline(ctx) as pg:
         for uid in uids:
-            count = await count_attempt(ctx.sessions, ctx.claim, uid)
-            ctx.attempt.uid = uid
-            if count > ctx.intake.max_retries:
-                raise _exhausted(ctx, uid, count - 1)
-            mails = await _fetch(connection, [uid], oversize)
-            prepared = await prepare_group(
-                mails, store=ctx.store, limits=ctx.limits, erased=ctx.erased
-            )
-            await _commit(ctx, pg, connection, prepared, result)
+            async with gate.alone():
+                count = await count_attempt(ctx.sessions, ctx.claim, uid)
+                ctx.attempt.uid = uid
+                if count > ctx.intake.max_retries:
+                    raise _exhausted(ctx, uid, count - 1)
+                mails = await _fetch(connection, [uid], oversize)
+                prepared = await prepare_group(
+                    mails, store=ctx.store, limits=ctx.limits, erased=ctx.erased
+                )
+                await _commit(ctx, pg, connection, prepared, result)
 
 
 async def _count_batch(ctx: BatchContext, above: int) -> None:
