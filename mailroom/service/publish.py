@@ -24,6 +24,7 @@ import nats.js.errors
 from nats.aio.client import Client as NatsConnection
 
 from mailroom.recognition.contract.models import MSG_ID_HEADER
+from mailroom.service.wire import flushed
 
 logger = logging.getLogger(__name__)
 
@@ -108,7 +109,7 @@ class AnswerPublisher:
     async def _flush_shared(self) -> None:
         await asyncio.sleep(0)  # the answers published in this turn join
         self._next_flush = None  # those from now on wait for a flush begun after them
-        await self.nc.flush()
+        await flushed(self.nc, self.timeout_s)
 
     async def _stream_captures(self) -> bool | None:
         """Whether a stream captures the subject (asked until one does: Mailroom creates it);

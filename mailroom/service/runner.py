@@ -41,6 +41,7 @@ from mailroom.service import answering
 from mailroom.service.answering import Failure, result_key
 from mailroom.service.publish import AnswerPublisher
 from mailroom.service.requests import named_job, parse_request
+from mailroom.service.wire import flushed
 
 logger = logging.getLogger(__name__)
 
@@ -118,7 +119,7 @@ class RecognitionService:
         """Subscribe; returns once the server has the subscriptions."""
         for subject in self.request_subjects:
             self._subs.append(await self.nc.subscribe(subject, queue=self.queue, cb=self._on_msg))
-        await self.nc.flush()
+        await flushed(self.nc)
 
     async def stop(self) -> None:
         """Take no more requests and finish the ones in flight (the connection stays open)."""

@@ -17,6 +17,7 @@ import pytest
 from mailroom.adapters.nats import NatsClient, OutgoingMessage
 from mailroom.adapters.nats.login import connect_options
 from mailroom.errors import NatsUnavailable
+from mailroom.service.wire import flushed
 from mailroom.settings import NatsSettings
 from tests.fixtures.links import ConfiguredNats
 
@@ -121,7 +122,7 @@ async def test_mailroom_publishes_requests_and_reads_the_recognizers_results(mai
     settings = mailroom.settings
     recognizer = await connect_as("recognizer")
     requests = await recognizer.nc.subscribe(settings.subject(settings.tabular_subject))
-    await recognizer.nc.flush()  # the server has the subscription before the request goes out
+    await flushed(recognizer.nc)  # the server has the subscription before the request goes out
     results = await mailroom.subscribe_results()
     try:
         job = uuid.uuid4().hex
@@ -131,7 +132,7 @@ async def test_mailroom_publishes_requests_and_reads_the_recognizers_results(mai
         assert received.data == job.encode()
 
         await recognizer.nc.publish(settings.results_subject, f"result {job}".encode())
-        await recognizer.nc.flush()
+        await flushed(recognizer.nc)
         fetched = await _fetch_until(results, f"result {job}".encode())
         assert fetched == f"result {job}".encode()
     finally:
@@ -153,7 +154,7 @@ async def test_only_the_recognizer_can_publish_a_result(mailroom, connect_as):
         # Mailroom after it is the recognizer's.
         genuine = f"genuine {uuid.uuid4().hex}".encode()
         await recognizer.nc.publish(settings.results_subject, genuine)
-        await recognizer.nc.flush()
+        await flushed(recognizer.nc)
         seen = await _fetch_all_until(results, genuine)
         assert forged not in seen and seen[-1] == genuine
     finally:
@@ -323,7 +324,7 @@ async def test_a_subject_transform_cannot_turn_mailrooms_requests_into_results(
         await mailroom.publish(request)  # a request subject: allowed, and stored as a request
         genuine = f"genuine {uuid.uuid4().hex}".encode()
         await recognizer.nc.publish(settings.results_subject, genuine)
-        await recognizer.nc.flush()
+        await flushed(recognizer.nc)
         seen = await _fetch_all_until(results, genuine)
         assert forged not in seen
     finally:

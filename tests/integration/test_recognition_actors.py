@@ -24,6 +24,7 @@ from actors.recognition import (
 from bridges.nats import NatsBridge
 from mailroom.adapters.nats import NatsClient
 from mailroom.adapters.storage import build_store
+from mailroom.service.wire import flushed
 from tests.fixtures.recognition import drain_recognition, join_stub, make_settings
 
 pytestmark = pytest.mark.integration
@@ -66,7 +67,7 @@ async def listener(recognition_settings):
     nc = await nats_py.connect(recognition_settings.nats.url)
     try:
         sub = await nc.subscribe(recognition_settings.nats.subject("files.tabular_uploaded"))
-        await nc.flush()  # the server knows the SUB before anything is published
+        await flushed(nc)  # the server knows the SUB before anything is published
         yield sub
     finally:
         await nc.close()
@@ -194,7 +195,7 @@ async def test_result_flows_from_nats_through_bridge_inbox_and_mapping_to_a_docu
         await nc.publish(subject, ack, headers={"Nats-Msg-Id": f"{ref.job_id}:1:ack"})
         await nc.publish(subject, done, headers={"Nats-Msg-Id": f"{ref.job_id}:1:result"})
         await nc.publish(subject, done, headers={"Nats-Msg-Id": f"{ref.job_id}:1:result"})
-        await nc.flush()
+        await flushed(nc)
         for _ in range(100):
             if bridge.forwarded == 2:
                 break

@@ -28,6 +28,7 @@ from mailroom.recognition.inbox.apply import InboxMessage, apply_recognition_mes
 from mailroom.recognition.outbox.relay import publish_recognition_requests
 from mailroom.recognition.watchdog import expire_recognition_deadlines
 from mailroom.recognizer.service import ReferenceRecognizer
+from mailroom.service.wire import flushed
 from mailroom.settings import SentrySettings
 from tests.fixtures.recognition import at
 from tests.fixtures.recognition import drain_recognition as drain
@@ -57,7 +58,7 @@ async def answers(recognition_settings):
 
     nats = recognition_settings.nats
     await nc.subscribe(nats.subject(nats.results_subject), cb=collect)
-    await nc.flush()
+    await flushed(nc)
     yield got
     await nc.close()
 

@@ -12,6 +12,7 @@ from sqlalchemy import text
 from mailroom.adapters.nats import InMemoryPublisher, NatsClient
 from mailroom.recognition.contract.models import MSG_ID_HEADER, RecognitionRequest
 from mailroom.recognition.outbox.relay import publish_recognition_requests
+from mailroom.service.wire import flushed
 from tests.fixtures.recognition import at
 
 pytestmark = pytest.mark.integration
@@ -101,7 +102,7 @@ async def test_core_nats_publish_reaches_subscribers(
 
     nc = await nats_py.connect(nats_url)
     sub = await nc.subscribe(settings.nats.subject("files.tabular_uploaded"))
-    await nc.flush()  # the server knows the SUB before anything is published
+    await flushed(nc)  # the server knows the SUB before anything is published
     client = NatsClient(settings.nats)
     await client.connect()
     try:

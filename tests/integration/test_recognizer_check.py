@@ -16,6 +16,7 @@ from mailroom.recognition.contract.models import RecognitionResponse, dump
 from mailroom.recognizer.faults import RecognizerFaults
 from mailroom.recognizer.service import ReferenceRecognizer
 from mailroom.service import Failure
+from mailroom.service.wire import flushed
 
 pytestmark = pytest.mark.integration
 
@@ -129,7 +130,7 @@ class _CorePublisher(ReferenceRecognizer):
 
         async def publish(response: RecognitionResponse, msg_id: str) -> None:
             await nc.publish(subject, dump(response), headers={"Nats-Msg-Id": msg_id})
-            await nc.flush()
+            await flushed(nc)
 
         self.kit.publish = publish  # type: ignore[method-assign]
 

@@ -21,6 +21,7 @@ import pytest
 from mailroom.adapters.storage import build_store
 from mailroom.errors import AppError
 from mailroom.recognition.contract.conformance import CheckRow, CheckTimeouts, check_service
+from mailroom.service.wire import flushed
 
 pytestmark = pytest.mark.integration
 
@@ -62,7 +63,7 @@ class ScriptedService:
         self.results_subject = s.subject(s.results_subject)
         for subject in (s.tabular_subject, s.image_subject):
             await self.nc.subscribe(s.subject(subject), queue="scripted", cb=self._on_request)
-        await self.nc.flush()
+        await flushed(self.nc)
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:

@@ -38,7 +38,7 @@ class _Connection:
     async def publish(self, subject: str, data: bytes, **_: Any) -> None:
         self.core.append(subject)
 
-    async def flush(self) -> None:
+    async def flush(self, timeout: float = 10.0) -> None:
         return None
 
 

@@ -18,6 +18,7 @@ from nats.js.api import PubAck
 from mailroom.adapters.nats.translate import translate_errors
 from mailroom.errors import NatsPublishFailed, PermanentError, RetryableError
 from mailroom.recognition.contract.models import MSG_ID_HEADER
+from mailroom.service.wire import flushed
 
 
 # NOTE: named tuples, not frozen dataclasses: an outbox pass makes two per request, and a
@@ -77,7 +78,7 @@ async def publish_core(
     try:
         with translate_errors("flush"):
             # A PONG proves the server read everything written before the PING.
-            await nc.flush(timeout=timeout_s)  # type: ignore[arg-type]
+            await flushed(nc, timeout_s)
     except (RetryableError, PermanentError) as exc:
         return [exc] * len(messages)
     return results

@@ -21,6 +21,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from mailroom.adapters.nats.translate import translate_errors
 from mailroom.errors import NatsPublishFailed
+from mailroom.service.wire import flushed
 from mailroom.settings import NatsSettings
 
 
@@ -90,7 +91,7 @@ async def subscribe_core(nc: NatsConnection, settings: NatsSettings) -> ResultSu
         )
         # Core NATS drops what is published before the server has the SUB, so
         # "subscribed" means the server answered a PING sent after it.
-        await nc.flush(timeout=s.publish_timeout_s)  # type: ignore[arg-type]
+        await flushed(nc, s.publish_timeout_s)
     return core
 
 
@@ -102,7 +103,7 @@ async def subscribe_every(nc: NatsConnection, subject: str, *, buffer: int) -> R
     core = _CoreSubscription(buffer=buffer)
     with translate_errors(f"subscribe {subject}"):
         core.sub = await nc.subscribe(subject, cb=core.on_message)
-        await nc.flush()
+        await flushed(nc)
     return core
 
 
