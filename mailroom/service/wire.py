@@ -16,7 +16,7 @@ async def flushed(nc: NatsConnection, timeout_s: float = FLUSH_TIMEOUT_S) -> Non
     nats-py's ``flush`` writes its PING straight to the socket while SUB and PUB commands
     wait in the client's buffer for its flusher task, so the PONG can come back before the
     server has them: a subscription "confirmed" so missed the first message published after
-    it (about one try in 150 on a loaded machine), and a core publish "confirmed" so had not
+    it (3 tries in 100 on a loaded machine), and a core publish "confirmed" so had not
     left yet. The buffer goes onto the socket first (nats-py has no public call for that).
     """
     # Without it (another client, a test double) the flush alone is all there is;
