@@ -58,7 +58,10 @@ async def mark_polls_queued(
             .values([{"mailbox": mailbox, "folder": folder} for mailbox, folder in mailboxes])
             .on_conflict_do_nothing(index_elements=["mailbox", "folder"])
         )
-        # Rows a claim (or another pass) has locked right now are left to it, not waited for.
+        # A pass leaves rows a claim (or another pass) has locked right now to it, not waiting.
+        # The watcher's news waits for the lock instead: it may be a poll's finish or lease
+        # renewal, whose poll searched before the new mail came; skipped, that mail would
+        # wait for the next pass (the locks are one short transaction each).
         due = select(MailboxCursor.id).where(
             tuple_(MailboxCursor.mailbox, MailboxCursor.folder).in_(list(mailboxes)),
             MailboxCursor.status != "blocked",
@@ -84,7 +87,7 @@ async def mark_polls_queued(
                     update(MailboxCursor)
                     .where(
                         MailboxCursor.id.in_(
-                            batch.with_for_update(skip_locked=True).scalar_subquery()
+                            batch.with_for_update(skip_locked=not leased_too).scalar_subquery()
                         )
                     )
                     .values(poll_queued_at=now)

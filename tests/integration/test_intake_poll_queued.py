@@ -7,9 +7,11 @@ queue send each mailbox one poll, not one per pass.
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from dramatiq import Worker
-from sqlalchemy import update
+from sqlalchemy import select, update
 
 import actors.intake
 import actors.middleware.resources
@@ -82,6 +84,28 @@ async def test_a_mailbox_is_marked_once_until_a_claim_takes_its_poll(intake_env)
             .values(status="blocked", poll_queued_at=None)
         )
     assert "box" not in await mark(), "blocked: only an operator's unblock polls it again"
+
+
+async def test_news_for_a_cursor_locked_by_a_finishing_poll_waits_and_marks_it(intake_env):
+    box = ("box", intake_env.folder)
+
+    async def news() -> set[str]:
+        return await mark_polls_queued(
+            intake_env.sessions, [box], lost_after_s=LOST_AFTER_S, leased_too=True
+        )
+
+    assert await news() == {"box"}
+    assert (await intake_env.poll("box")).status == "done"  # the claim clears the mark
+    # Given a transaction holding the cursor's row (a poll's finish, its lease renewal)
+    async with intake_env.sessions() as holder, holder.begin():
+        await holder.execute(
+            select(MailboxCursor.id).where(MailboxCursor.mailbox == "box").with_for_update()
+        )
+        # When the watcher's news comes meanwhile
+        marking = asyncio.create_task(news())
+        await asyncio.sleep(0.5)
+    # Then it is marked once the row is free, not dropped (its poll may have searched before)
+    assert await marking == {"box"}
 
 
 @pytest.fixture
