@@ -115,7 +115,8 @@ class SlotKeeper:
         for (holder, _account), ok in zip(held, taken, strict=True):
             if not ok and holder in self._held:
                 # Its lease ran out unrenewed (Redis away longer) and the slots are taken:
-                # the connection lives on over the cap until its poll closes it.
+                # the connection lives on, uncounted, until its pool closes it. Said once.
+                self._held.pop(holder, None)
                 logger.warning(
                     "IMAP connection slot of %s lost while its connection is open", holder
                 )
@@ -128,6 +129,10 @@ class SlotKeeper:
             except RedisError as exc:
                 if not self._failing:
                     logger.warning("IMAP connection slots not renewed (%r); trying again", exc)
+                self._failing = True
+            except Exception:  # a bug: said once, and the renewals go on
+                if not self._failing:
+                    logger.exception("IMAP connection slots not renewed; trying again")
                 self._failing = True
             else:
                 if self._failing:

@@ -16,7 +16,7 @@ import uuid
 import pytest
 
 from mailroom.adapters.redis_client import async_client
-from mailroom.intake.account_slots import AccountSlots
+from mailroom.intake.account_slots import AccountSlots, SlotKeeper
 from mailroom.intake.connections import ConnectionPool, account_key
 from mailroom.settings import RedisSettings
 
@@ -104,4 +104,26 @@ async def test_a_kept_connection_keeps_its_slot_until_the_pool_closes(intake_env
         assert await slots.held(account_key(box)) == 0
     finally:
         await pool.aclose()
+        await redis.aclose()
+
+
+async def test_a_slot_lost_while_its_connection_is_open_is_said_once(redis_url, caplog):
+    redis = async_client(redis_url, RedisSettings(url=redis_url))
+    slots = AccountSlots(redis, namespace=f"s{uuid.uuid4().hex[:8]}", limit=1, ttl_s=LEASE_S)
+    keeper = SlotKeeper(slots)
+    try:
+        assert await slots.take("acct", "poll-1")
+        keeper.hold("acct", "poll-1")
+        # When its lease ran out unrenewed (Redis away) and another took the only slot
+        await redis.delete(slots.prefix + "acct")
+        assert await slots.take("acct", "poll-elsewhere")
+        # Then renewing says so, once, and leaves the other's slot alone
+        await keeper.renew()
+        await keeper.renew()
+        lost = [r for r in caplog.records if "lost while its connection is open" in r.message]
+        assert len(lost) == 1
+        assert await slots.held("acct") == 1
+        assert not await slots.take("acct", "poll-1")
+    finally:
+        await keeper.aclose()
         await redis.aclose()
