@@ -49,12 +49,25 @@ KEY_PART = ":imap-slots:"
 class AccountSlots:
     """At most ``limit`` holders per account, each for ``ttl_s`` unless renewed."""
 
-    def __init__(self, client: aioredis.Redis, *, namespace: str, limit: int, ttl_s: float) -> None:
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        *,
+        namespace: str,
+        limit: int,
+        ttl_s: float,
+        max_in_flight: int | None = None,
+    ) -> None:
         self.client = client
         self.prefix = namespace + KEY_PART
         self.limit = limit
         self.ttl_ms = int(ttl_s * 1000)
         self._take = client.register_script(_TAKE)
+        # The watcher's renewals of a thousand accounts fall due together: unbounded, each
+        # call would open a connection of the client's pool (and a file descriptor) for good.
+        self._in_flight: contextlib.AbstractAsyncContextManager[object] = (
+            asyncio.Semaphore(max_in_flight) if max_in_flight else contextlib.nullcontext()
+        )
 
     async def take(self, account: str, holder: str, *, limit: int | None = None) -> bool:
         """Hold a slot of ``account`` (or renew the one held); False when all are taken.
@@ -62,7 +75,8 @@ class AccountSlots:
         ``limit``: fewer slots than the account has, for a holder that leaves room to others.
         """
         cap = self.limit if limit is None else min(limit, self.limit)
-        taken = await self._take(keys=[self.prefix + account], args=[holder, cap, self.ttl_ms])
+        async with self._in_flight:
+            taken = await self._take(keys=[self.prefix + account], args=[holder, cap, self.ttl_ms])
         return bool(taken)
 
     async def renew(self, held: list[tuple[str, str]]) -> list[bool]:
@@ -77,7 +91,8 @@ class AccountSlots:
             return [bool(taken) for taken in await pipe.execute()]
 
     async def give_back(self, account: str, holder: str) -> None:
-        await self.client.zrem(self.prefix + account, holder)
+        async with self._in_flight:
+            await self.client.zrem(self.prefix + account, holder)
 
     async def held(self, account: str) -> int:
         """Slots held now, expired ones left out."""

@@ -33,6 +33,9 @@ from mailroom.watcher.leases import AccountLeases
 
 logger = logging.getLogger(__name__)
 
+#: Redis calls of the watches at once: each holds a connection of the client's pool.
+REDIS_IN_FLIGHT = 8
+
 #: Errors of a round or a send that the next one may not meet (Redis, Postgres, the broker).
 ROUND_ERRORS: tuple[type[BaseException], ...] = (
     OSError,
@@ -93,6 +96,7 @@ class Watcher:
             namespace=namespace,
             limit=intake.max_connections_per_account,
             ttl_s=intake.watch_lease_s,
+            max_in_flight=REDIS_IN_FLIGHT,
         )
         self.watches: dict[str, tuple[AccountWatch, asyncio.Task[None]]] = {}
         self.sent = 0

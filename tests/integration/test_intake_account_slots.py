@@ -14,6 +14,8 @@ import textwrap
 import uuid
 
 import pytest
+import redis.asyncio as aioredis
+from redis.exceptions import MaxConnectionsError
 
 from mailroom.adapters.redis_client import async_client
 from mailroom.intake.account_slots import AccountSlots, SlotKeeper
@@ -127,3 +129,32 @@ async def test_a_slot_lost_while_its_connection_is_open_is_said_once(redis_url, 
     finally:
         await keeper.aclose()
         await redis.aclose()
+
+
+async def test_renewals_falling_due_together_share_a_few_redis_connections(redis_url):
+    # 300 watched accounts whose renewals fall due at once (watches started together)
+    async def take_all(slots: AccountSlots) -> list[object]:
+        calls = (slots.take(f"acct-{n}", f"watch-{n}") for n in range(300))
+        return await asyncio.gather(*calls, return_exceptions=True)
+
+    async def clients() -> int:
+        count: int = (await probe.info("clients"))["connected_clients"]
+        return count
+
+    probe = aioredis.Redis.from_url(redis_url)
+    bounded = async_client(redis_url, RedisSettings(url=redis_url))
+    unbounded = async_client(redis_url, RedisSettings(url=redis_url))
+    namespace = f"s{uuid.uuid4().hex[:8]}"
+    try:
+        # Bounded as the watcher's are: every renewal done, over at most 4 connections
+        before = await clients()
+        slots = AccountSlots(bounded, namespace=namespace, limit=3, ttl_s=LEASE_S, max_in_flight=4)
+        assert await take_all(slots) == [True] * 300
+        assert await clients() - before <= 4
+        # Unbounded, the client's pool (100 connections) refuses the calls past it
+        slots = AccountSlots(unbounded, namespace=namespace + "u", limit=3, ttl_s=LEASE_S)
+        refused = [r for r in await take_all(slots) if isinstance(r, MaxConnectionsError)]
+        assert refused
+    finally:
+        for client in (probe, bounded, unbounded):
+            await client.aclose()
