@@ -28,6 +28,7 @@ from __future__ import annotations
 from mailroom.service.answering import Failure, result_key
 from mailroom.service.publish import AnswerPublisher
 from mailroom.service.runner import DEFAULT_QUEUE, Objects, RecognitionService, Recognize
+from mailroom.service.wire import flushed
 
 __all__ = [
     "DEFAULT_QUEUE",
@@ -36,5 +37,6 @@ __all__ = [
     "Objects",
     "RecognitionService",
     "Recognize",
+    "flushed",
     "result_key",
 ]
