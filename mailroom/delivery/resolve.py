@@ -15,9 +15,10 @@ from typing import Literal
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from mailroom.db.audit import OPERATOR, add_audit_event
 from mailroom.db.clock import db_now
 from mailroom.db.engine import transaction
-from mailroom.db.models import AuditEvent, ChannelMessage
+from mailroom.db.models import ChannelMessage
 from mailroom.errors import NotResolvable
 
 logger = logging.getLogger(__name__)
@@ -51,13 +52,12 @@ async def resolve_message(
         await session.execute(
             update(ChannelMessage).where(ChannelMessage.id == message_id).values(**values)
         )
-        session.add(
-            AuditEvent(
-                actor_type="operator",
-                actor_id=actor_id[:200],
-                action="delivery.resolved",
-                target=f"channel_message:{message_id}",
-                detail={"previous_status": status, "outcome": outcome},
-            )
+        add_audit_event(
+            session,
+            actor_type=OPERATOR,
+            actor_id=actor_id[:200],
+            action="delivery.resolved",
+            target=f"channel_message:{message_id}",
+            detail={"previous_status": status, "outcome": outcome},
         )
     logger.info("Message %d resolved as %s by %r", message_id, outcome, actor_id[:100])

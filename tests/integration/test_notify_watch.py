@@ -11,12 +11,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 
 from mailroom.adapters.imap.watch import FolderNews, WatchConnection
-from mailroom.devtools.dovecot import DovecotServer, find_dovecot, server_folder
-from tests.fixtures.dovecot import missing_debian_server
+from mailroom.devtools.dovecot import DovecotServer
+from tests.fixtures.dovecot import running_dovecot
 from tests.fixtures.imap import csv_mail, new_folder
 
 pytestmark = pytest.mark.integration
@@ -32,18 +33,12 @@ AFTER_NEWS_S = 10.0
 @pytest.fixture(scope="module")
 def deaf_after_renewal(request: pytest.FixtureRequest) -> Iterator[DovecotServer]:
     """Dovecot that, once its NOTIFY misses a change, looks for it only an hour later."""
-    binary = find_dovecot()
-    if binary is None:
-        missing_debian_server(request, "Dovecot is not installed (apt-get install dovecot-imapd)")
-        return
-    with server_folder("mailroom-dovecot-notify-") as folder:
-        server = DovecotServer(
-            binary, folder, settings={"mailbox_idle_check_interval": "1h"}
-        ).start()
-        try:
-            yield server
-        finally:
-            server.stop()
+
+    def deaf(binary: Path, folder: Path) -> DovecotServer:
+        return DovecotServer(binary, folder, settings={"mailbox_idle_check_interval": "1h"})
+
+    with running_dovecot(request, "mailroom-dovecot-notify-", deaf) as server:
+        yield server
 
 
 @pytest.fixture
