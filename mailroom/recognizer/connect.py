@@ -53,17 +53,18 @@ async def connect(
     nc = NatsConnection()
     refused: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
 
-    held_back: list[Exception] = []
+    resets_held_back = 0
 
     async def on_error(exc: Exception) -> None:
+        nonlocal resets_held_back
         if not nc.is_connected and is_login_refused(exc) and not refused.done():
             refused.set_result(exc)
             return
-        if not nc.is_connected and isinstance(exc, ConnectionResetError) and len(held_back) < 3:
+        if not nc.is_connected and isinstance(exc, ConnectionResetError) and resets_held_back < 3:
             # A server refusing a login sends its -ERR and closes: the client may read a reset
             # or two first. A server that is down refuses the connection instead, so a few
             # resets while connecting are not reported as an outage: the next tries say.
-            held_back.append(exc)
+            resets_held_back += 1
             return
         outage.failed(f"{type(exc).__name__}: {str(exc)[:200]}", exc=exc)
 

@@ -34,7 +34,7 @@ async def ensure_stream(js: JetStreamContext, settings: NatsSettings, subjects: 
     """
     name = settings.stream_name
     with translate_errors(f"stream {name}"):
-        info = await _stream_info(js, name)
+        info = await stream_info_or_none(js, name)
         if info is None:
             if not settings.manage_stream:
                 raise NatsConfigError(
@@ -108,7 +108,8 @@ def _new_config(settings: NatsSettings, subjects: list[str]) -> StreamConfig:
     )
 
 
-async def _stream_info(js: JetStreamContext, name: str) -> StreamInfo | None:
+async def stream_info_or_none(js: JetStreamContext, name: str) -> StreamInfo | None:
+    """The stream's info, or None when it does not exist."""
     try:
         return await js.stream_info(name)
     except nats.js.errors.NotFoundError:

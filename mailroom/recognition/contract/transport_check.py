@@ -14,9 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-import nats.js.errors
-
 from mailroom.adapters.nats import NatsClient
+from mailroom.adapters.nats.stream import stream_info_or_none
 from mailroom.adapters.nats.translate import translate_errors
 from mailroom.adapters.storage import ObjectStore
 from mailroom.errors import AppError
@@ -75,11 +74,7 @@ async def answers_stream(settings: Settings) -> AnswersStream | None:
     try:
         name = settings.nats.stream_name
         with translate_errors(f"stream {name}"):
-            try:
-                await client.jetstream_context().stream_info(name)
-                created = False
-            except nats.js.errors.NotFoundError:
-                created = True
+            created = await stream_info_or_none(client.jetstream_context(), name) is None
         await client.ensure_stream()
     except BaseException:
         await client.close()
