@@ -17,11 +17,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 logger = logging.getLogger(__name__)
+
+#: What a holder does when its slot was lost while its connection is open.
+OnLost = Callable[[], Awaitable[None]]
 
 #: Drop expired holders; renew the caller's slot or take a free one. 1 when held, else 0.
 _TAKE = """
@@ -107,14 +111,20 @@ class SlotKeeper:
     def __init__(self, slots: AccountSlots) -> None:
         self.slots = slots
         self.every_s = slots.ttl_ms / 3000
-        #: holder -> account, for the slots taken and not given back.
-        self._held: dict[str, str] = {}
+        #: holder -> (account, what to do should its slot be lost), for the slots not given back.
+        self._held: dict[str, tuple[str, OnLost | None]] = {}
         self._task: asyncio.Task[None] | None = None
         self._failing = False
 
-    def hold(self, account: str, holder: str) -> None:
-        """Renew ``holder``'s slot from now on; starts the renewals on the running loop."""
-        self._held[holder] = account
+    def hold(self, account: str, holder: str, *, on_lost: OnLost | None = None) -> None:
+        """Renew ``holder``'s slot from now on; starts the renewals on the running loop.
+
+        ``on_lost``: awaited should a renewal find the slot gone (its lease ran out unrenewed,
+        Redis away longer, and the account's slots are taken), typically to close the
+        connection. Without it the loss is logged and the connection lives on, uncounted,
+        until its owner closes it.
+        """
+        self._held[holder] = (account, on_lost)
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._renew_forever())
 
@@ -122,16 +132,18 @@ class SlotKeeper:
         self._held.pop(holder, None)
 
     async def renew(self) -> None:
-        """One renewal of every slot held, in one round trip; logs the slots found lost."""
+        """One renewal of every slot held, in one round trip; the slots found lost are let go."""
         held = list(self._held.items())
         if not held:
             return
-        taken = await self.slots.renew([(account, holder) for holder, account in held])
-        for (holder, _account), ok in zip(held, taken, strict=True):
-            if not ok and holder in self._held:
-                # Its lease ran out unrenewed (Redis away longer) and the slots are taken:
-                # the connection lives on, uncounted, until its pool closes it. Said once.
-                self._held.pop(holder, None)
+        taken = await self.slots.renew([(account, holder) for holder, (account, _) in held])
+        for (holder, (_account, on_lost)), ok in zip(held, taken, strict=True):
+            if ok or holder not in self._held:
+                continue
+            del self._held[holder]  # said once
+            if on_lost is not None:
+                await on_lost()
+            else:
                 logger.warning(
                     "IMAP connection slot of %s lost while its connection is open", holder
                 )

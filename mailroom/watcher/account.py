@@ -27,7 +27,7 @@ from redis.exceptions import RedisError
 from mailroom.adapters.imap.watch import FolderNews, WatchConnection
 from mailroom.backoff import backoff
 from mailroom.errors import AppError, PermanentError
-from mailroom.intake.account_slots import AccountSlots
+from mailroom.intake.account_slots import SlotKeeper
 from mailroom.settings import IntakeSettings, MailboxSettings
 
 logger = logging.getLogger(__name__)
@@ -49,14 +49,16 @@ class AccountWatch:
         folders: list[str],
         *,
         intake: IntakeSettings,
-        slots: AccountSlots,
+        keeper: SlotKeeper,
         announce: Announce,
     ) -> None:
         self.account = account
         self.login = login
         self.folders = folders
         self.intake = intake
-        self.slots = slots
+        #: Renews the slots of the watcher's connections, all in one round trip.
+        self.keeper = keeper
+        self.slots = keeper.slots
         self.announce = announce
         #: Folders with a live watch (NOTIFY or IDLE) right now.
         self.watching: set[str] = set()
@@ -78,9 +80,9 @@ class AccountWatch:
                 failures = 0
                 self.mode = "NOTIFY" if connection.offers_notify else "IDLE"
                 if connection.offers_notify:
-                    await self._notify(connection, holder)
+                    await self._notify(connection)
                 else:
-                    await self._idle_all(connection, holder)
+                    await self._idle_all(connection)
             except (AppError, RedisError) as exc:
                 delay = self._backoff(failures, exc)
                 failures += 1
@@ -107,6 +109,7 @@ class AccountWatch:
             return None
         connection = WatchConnection(self.login)
         self.connections += 1
+        self.keeper.hold(self.account, holder, on_lost=lambda: self._lost(connection))
         try:
             await connection.open()
         except BaseException:
@@ -116,6 +119,7 @@ class AccountWatch:
 
     async def _close(self, connection: WatchConnection, holder: str) -> None:
         self.connections -= 1
+        self.keeper.release(holder)
         try:
             await connection.close()
         finally:
@@ -124,35 +128,21 @@ class AccountWatch:
             except Exception as exc:  # Redis away: the slot's lease runs out by itself
                 logger.debug("IMAP watch slot not given back: %r", exc)
 
-    async def _renew(self, holder: str, connection: WatchConnection) -> None:
-        """Keep the connection's slot while it lives; close the connection once it is lost.
+    async def _lost(self, connection: WatchConnection) -> None:
+        """A renewal came too late (a stalled process, Redis away for longer than the lease) and
+        found the slot given to someone else, the account's slots all held: the connection goes,
+        or the account would have more connections than its cap. Its watch fails and is opened
+        again once a slot is free; the scheduler's passes read its folders meanwhile."""
+        logger.warning(
+            "IMAP watch of %s: its connection slot ran out before it was renewed and "
+            "the account's slots are taken; closing the connection",
+            self.login.username,
+        )
+        await connection.close()
 
-        A renewal that came too late (a stalled process, Redis away for longer than the lease)
-        finds the slot given to someone else when the account's slots are all held: the
-        connection then goes, or the account would have more connections than its cap. Its
-        watch fails and is opened again once a slot is free; the scheduler's passes read its
-        folders meanwhile.
-        """
-        while True:
-            await asyncio.sleep(self.intake.watch_lease_s / 3)
-            try:
-                held = await self.slots.take(self.account, holder)
-            except RedisError as exc:  # tried again after the next wait, within the lease
-                logger.debug("IMAP watch slot not renewed: %r", exc)
-                continue
-            if not held:
-                logger.warning(
-                    "IMAP watch of %s: its connection slot ran out before it was renewed and "
-                    "the account's slots are taken; closing the connection",
-                    self.login.username,
-                )
-                await connection.close()
-                return
-
-    async def _notify(self, connection: WatchConnection, holder: str) -> None:
+    async def _notify(self, connection: WatchConnection) -> None:
         known = await connection.notify(self.folders)
         self.watching = set(self.folders)
-        renew = asyncio.create_task(self._renew(holder, connection))
         try:
             await self.announce(list(self.folders), True)  # what came while nobody watched
             async for news in connection.listen(self.check_s):
@@ -163,7 +153,6 @@ class AccountWatch:
                     await self.announce([news.folder], False)
         finally:
             self.watching = set()
-            renew.cancel()
 
     @property
     def intake_idle_s(self) -> float:
@@ -175,7 +164,7 @@ class AccountWatch:
         """How long a NOTIFY watch waits without a word before it asks the server for news."""
         return min(self.intake.watch_check_s, self.login.idle_timeout_s)
 
-    async def _idle_all(self, first: WatchConnection, holder: str) -> None:
+    async def _idle_all(self, first: WatchConnection) -> None:
         """One IDLE connection per folder, up to the account's watch connections."""
         room = self.intake.watch_connections_per_account
         watched = self.folders[:room]
@@ -187,14 +176,12 @@ class AccountWatch:
                 len(watched),
                 len(self.folders),
             )
-        renew = asyncio.create_task(self._renew(holder, first))
         tasks = [asyncio.create_task(self._idle_folder(watched[0], first))]
         tasks += [asyncio.create_task(self._idle_folder_own(folder)) for folder in watched[1:]]
         try:
             # The first connection's folder ends the wait when it fails: the run loop reopens.
             await tasks[0]
         finally:
-            renew.cancel()
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -211,11 +198,7 @@ class AccountWatch:
                     await asyncio.sleep(self.intake.watch_lease_s)
                     continue
                 failures = 0
-                renew = asyncio.create_task(self._renew(holder, connection))
-                try:
-                    await self._idle_folder(folder, connection)
-                finally:
-                    renew.cancel()
+                await self._idle_folder(folder, connection)
             except (AppError, RedisError) as exc:
                 delay = self._backoff(failures, exc)
                 failures += 1

@@ -23,7 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from mailroom.config_store import effective
 from mailroom.errors import AppError
-from mailroom.intake.account_slots import AccountSlots
+from mailroom.intake.account_slots import AccountSlots, SlotKeeper
 from mailroom.intake.connections import account_key
 from mailroom.intake.pending import mark_polls_queued, mark_watched
 from mailroom.process.identity import host_pid
@@ -98,6 +98,7 @@ class Watcher:
             ttl_s=intake.watch_lease_s,
             max_in_flight=REDIS_IN_FLIGHT,
         )
+        self.keeper = SlotKeeper(self.slots)
         self.watches: dict[str, tuple[AccountWatch, asyncio.Task[None]]] = {}
         self.sent = 0
         self._accounts: dict[str, Account] = {}
@@ -126,6 +127,7 @@ class Watcher:
             sender.cancel()
             watched = self._watched_pairs()
             await self._stop_watches(list(self.watches))
+            await self.keeper.aclose()
             with contextlib.suppress(*ROUND_ERRORS):  # else they run out within a lease
                 await mark_watched(self.sessions, watched, for_s=None)
             with contextlib.suppress(*ROUND_ERRORS):
@@ -176,7 +178,7 @@ class Watcher:
             account.login,
             account.folders,
             intake=self._intake,
-            slots=self.slots,
+            keeper=self.keeper,
             announce=announce,
         )
         self.watches[key] = (watch, asyncio.create_task(watch.run(), name=f"watch-{key[:8]}"))
